@@ -1,0 +1,41 @@
+# The two entry points of the README, and the pieces they are made of.
+#   make demo   the example project end to end: web, worker, reaper, seeded todos
+#   make test   lint, type check and the test suite against a real PostgreSQL
+# PYTHON picks the interpreter and VENV the environment, e.g. for the Django 6 run in CI:
+#   make test PYTHON=python3.12 VENV=.venv-django6
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP_CONSTRAINT ?=
+
+.PHONY: demo test lint typecheck pytest bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]' $(PIP_CONSTRAINT)
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/python manage.py demo
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy .
+
+pytest: $(BIN)/.installed
+	$(BIN)/python -m django check --settings=tests.settings
+	$(BIN)/python -m django makemigrations --check --dry-run --settings=tests.settings
+	$(BIN)/python -m pytest --cov --cov-report=term $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+bench: $(BIN)/.installed
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache .coverage build *.egg-info

@@ -1,0 +1,31 @@
+"""Exceptions raised by the todo API."""
+
+from __future__ import annotations
+
+
+class TodoError(Exception):
+    """Base class of every switchboard-todos error; do not raise it directly."""
+
+
+class TodoNotFound(TodoError, LookupError):
+    """No todo has the given id."""
+
+    def __init__(self, todo_id: str) -> None:
+        self.todo_id = todo_id
+        super().__init__(f"Todo {todo_id!r} does not exist.")
+
+
+class TodoConflict(TodoError):
+    """The todo exists but its state or owner does not allow the transition."""
+
+    def __init__(
+        self, message: str, *, todo_id: str, state: str | None = None, owner: str | None = None
+    ) -> None:
+        self.todo_id = todo_id
+        self.state = state
+        self.owner = owner
+        super().__init__(message)
+
+
+class InvalidTodo(TodoError, ValueError):
+    """An argument is malformed; raised before anything is written."""

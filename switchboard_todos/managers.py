@@ -1,0 +1,431 @@
+"""The public API: one manager method per transition of the todo state machine.
+
+Each method has the same three beats: validate the input (raising InvalidTodo before anything
+is written), run the operation's one statement from `sql/todos.sql`, and when the guard
+matched no row, say why (`_classify_miss`: TodoNotFound or TodoConflict).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from datetime import datetime
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import IntegrityError, connections, models, router, transaction
+from django.db.backends.utils import CursorWrapper
+
+from switchboard_todos import validation
+from switchboard_todos.backoff import retry_schedule
+from switchboard_todos.conf import conf
+from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
+from switchboard_todos.sql import queries
+from switchboard_todos.validation import Seconds
+
+if TYPE_CHECKING:
+    from switchboard_todos.models import Event, Todo
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ReapResult(NamedTuple):
+    """What one reaper sweep did."""
+
+    requeued: int
+    dead_lettered: int
+
+
+def _async_twin(
+    method: Callable[Concatenate[TodoManager, P], R],
+) -> Callable[Concatenate[TodoManager, P], Coroutine[Any, Any, R]]:
+    """Make the `a`-prefixed twin of a manager method: the same code, run off the event loop."""
+
+    async def twin(self: TodoManager, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await sync_to_async(method, thread_sensitive=True)(self, *args, **kwargs)
+
+    twin.__name__ = twin.__qualname__ = f"a{method.__name__}"
+    twin.__doc__ = f"Async twin of `{method.__name__}`."
+    return twin
+
+
+class TodoManager(models.Manager["Todo"]):
+    """`Todo.objects`: the queries Django gives every model, plus the queue's transitions."""
+
+    # Creating
+
+    def create_todo(
+        self,
+        *,
+        queue: str = "default",
+        kind: str = "",
+        title: str = "",
+        payload: dict[str, Any] | None = None,
+        source: str = "",
+        idempotency_key: str | None = None,
+        assignee: str | None = None,
+        max_attempts: int = 5,
+        event: Event | str | None = None,
+        run_after: datetime | None = None,
+    ) -> tuple[Todo, bool]:
+        """Enqueue a todo; with an idempotency key held by a live todo, return that one instead.
+
+        Returns (todo, created). Concurrent calls with one key make exactly one row.
+        """
+        return self._create(
+            _creation_params(
+                queue=queue,
+                kind=kind,
+                title=title,
+                payload=payload,
+                source=source,
+                idempotency_key=idempotency_key,
+                assignee=assignee,
+                max_attempts=max_attempts,
+                event=event,
+                run_after=run_after,
+            )
+        )
+
+    def create_many(self, todos: Iterable[Mapping[str, Any]]) -> list[tuple[Todo, bool]]:
+        """Enqueue many todos in one statement; each mapping takes `create_todo`'s arguments.
+
+        Returns (todo, created) per input, in input order. A key repeated within the batch,
+        or held by a live todo, yields that todo with created=False.
+        """
+        from switchboard_todos.models import new_todo_id
+
+        batch = []
+        for number, spec in enumerate(todos):
+            try:
+                batch.append(_creation_params(**spec))
+            except TypeError as error:
+                raise InvalidTodo(f"todo #{number}: {error}") from error
+            except InvalidTodo as error:
+                raise InvalidTodo(f"todo #{number}: {error}") from error
+        if not batch:
+            return []
+        ids = [new_todo_id() for _ in batch]
+        columns = {
+            "ids": ids,
+            "queues": [p["queue"] for p in batch],
+            "sources": [p["source"] for p in batch],
+            "kinds": [p["kind"] for p in batch],
+            "titles": [p["title"] for p in batch],
+            "payloads": [p["payload"] for p in batch],
+            "event_ids": [p["event_id"] for p in batch],
+            "idempotency_keys": [p["idempotency_key"] for p in batch],
+            "assignees": [p["assignee"] for p in batch],
+            "max_attempts": [p["max_attempts"] for p in batch],
+            "run_afters": [p["run_after"] for p in batch],
+        }
+        by_id: dict[str, Todo] = {}
+        live: dict[tuple[str, str | None], Todo] = {}
+        for todo, _created in self._run("create_many", columns, extra="created"):
+            by_id[todo.id] = todo
+            live[todo.queue, todo.idempotency_key] = todo
+        results: list[tuple[Todo, bool]] = []
+        for todo_id, params in zip(ids, batch, strict=True):
+            if todo_id in by_id:
+                results.append((by_id[todo_id], True))
+                continue
+            key = (params["queue"], params["idempotency_key"])
+            if key not in live:
+                # Held by a todo committed after the statement's snapshot: see create_todo.
+                live[key] = self._create(params)[0]
+            results.append((live[key], False))
+        return results
+
+    def _create(self, params: Mapping[str, Any]) -> tuple[Todo, bool]:
+        """Run `create_todo` with validated parameters."""
+        # The live twin may commit after this statement's snapshot was taken: then ON CONFLICT
+        # waits for it and skips the insert, yet the fallback SELECT cannot see it. Running the
+        # statement again sees it (or inserts, if the twin has finished meanwhile).
+        for _ in range(3):
+            rows = self._run("create_todo", params, extra="created")
+            if rows:
+                todo, created = rows[0]
+                return todo, bool(created)
+        raise TodoConflict(  # pragma: no cover - needs three commits racing one statement
+            f"Could not create or find the todo with idempotency key "
+            f"{params['idempotency_key']!r} in queue {params['queue']!r}: it kept changing.",
+            todo_id="",
+        )
+
+    # Claiming
+
+    def claim_next(self, queues: str | Iterable[str], owner: str, ttl: Seconds) -> Todo | None:
+        """Claim the longest-claimable todo in `queues` for `owner`, or return None.
+
+        One statement; rows other workers are claiming are skipped, never waited for.
+        """
+        claimed = self.claim_batch(queues, owner, ttl, limit=1)
+        return claimed[0] if claimed else None
+
+    def claim_batch(
+        self, queues: str | Iterable[str], owner: str, ttl: Seconds, limit: int
+    ) -> list[Todo]:
+        """Claim up to `limit` claimable todos in `queues` for `owner`, oldest first."""
+        params = {
+            "queues": validation.queues(queues),
+            "owner": validation.owner(owner),
+            "ttl": validation.ttl(ttl),
+            "limit": validation.whole_number(limit, "limit", 1, validation.CLAIM_BATCH_LIMIT),
+        }
+        return [todo for todo, _ in self._run("claim_next", params)]
+
+    def claim(self, todo_id: str, owner: str, ttl: Seconds) -> Todo:
+        """Claim one todo by id; it must be due, and assigned to `owner` or to nobody."""
+        params = {"todo_id": todo_id, "owner": validation.owner(owner), "ttl": validation.ttl(ttl)}
+        return self._transition("claim", params) or self._classify_miss("claim", todo_id, owner)
+
+    # The owner's verbs
+
+    def heartbeat(self, todo_id: str, owner: str, ttl: Seconds) -> Todo:
+        """Extend the lease on a todo `owner` holds to `ttl` from now."""
+        params = {"todo_id": todo_id, "owner": validation.owner(owner), "ttl": validation.ttl(ttl)}
+        return self._transition("heartbeat", params) or self._classify_miss(
+            "heartbeat", todo_id, owner
+        )
+
+    def complete(self, todo_id: str, owner: str, result: Any = None) -> Todo:
+        """Mark a todo `owner` holds done, storing `result` (any JSON value)."""
+        params = {
+            "todo_id": todo_id,
+            "owner": validation.owner(owner),
+            "result": None if result is None else validation.json_text(result, "result"),
+        }
+        return self._transition("complete", params) or self._classify_miss(
+            "complete", todo_id, owner
+        )
+
+    def complete_many(self, owner: str, results: Mapping[str, Any]) -> list[str]:
+        """Mark many todos done, `results` mapping each id to its result, in one statement.
+
+        Returns the ids completed; the others were no longer held by `owner`.
+        """
+        params: dict[str, Any] = {
+            "owner": validation.owner(owner),
+            "ids": list(results),
+            "results": [
+                None if value is None else validation.json_text(value, "result")
+                for value in results.values()
+            ],
+        }
+        if not results:
+            return []
+        with self._cursor() as cursor:
+            cursor.execute(queries["complete_many"], params)
+            return [todo_id for (todo_id,) in cursor.fetchall()]
+
+    def fail(
+        self, todo_id: str, owner: str, error: Any = None, retry_in: Seconds | None = None
+    ) -> Todo:
+        """Record a failed attempt: pending again after a backoff, or dead-lettered at the cap.
+
+        `error` is a message, a dict, or an exception; `retry_in` overrides the backoff.
+        """
+        params = {
+            "todo_id": todo_id,
+            "owner": validation.owner(owner),
+            "error": validation.error(error),
+            "retry_in": None if retry_in is None else validation.delay(retry_in, "retry_in"),
+            "delays": retry_schedule(
+                base=conf.BACKOFF_BASE, cap=conf.BACKOFF_MAX, jitter=conf.BACKOFF_JITTER
+            ),
+        }
+        return self._transition("fail", params) or self._classify_miss("fail", todo_id, owner)
+
+    def release(self, todo_id: str, owner: str, delay: Seconds | None = None) -> Todo:
+        """Give a lease back: pending again (after `delay`), the attempt not counted."""
+        params = {
+            "todo_id": todo_id,
+            "owner": validation.owner(owner),
+            "delay": validation.delay(0 if delay is None else delay, "delay"),
+        }
+        return self._transition("release", params) or self._classify_miss("release", todo_id, owner)
+
+    # Operators and the reaper
+
+    def reap_expired(self) -> ReapResult:
+        """Requeue every todo whose lease lapsed, or dead-letter it when no attempt is left."""
+        with self._cursor() as cursor:
+            cursor.execute(queries["reap_expired"])
+            requeued, dead_lettered = cursor.fetchone()
+        return ReapResult(requeued=requeued, dead_lettered=dead_lettered)
+
+    def requeue(self, todo_id: str) -> Todo:
+        """Send a dead letter back to pending with its attempt budget reset."""
+        try:
+            with transaction.atomic(using=self._db_alias):
+                todo = self._transition("requeue", {"todo_id": todo_id})
+        except IntegrityError as error:
+            # A todo with the same key was created between the guard's check and the write.
+            if _constraint_name(error) != "idx_todos_dedupe":
+                raise
+            todo = None
+        return todo or self._classify_miss("requeue", todo_id, None)
+
+    # The machinery every transition shares
+
+    @property
+    def _db_alias(self) -> str:
+        return router.db_for_write(self.model)
+
+    def _cursor(self) -> CursorWrapper:
+        return connections[self._db_alias].cursor()
+
+    @cached_property
+    def _json_fields(self) -> dict[str, models.JSONField[Any]]:
+        """The JSON columns, which Django's psycopg setup hands over as text to be parsed."""
+        return {
+            field.name: field
+            for field in self.model._meta.concrete_fields
+            if isinstance(field, models.JSONField)
+        }
+
+    def _run(
+        self, name: str, params: Mapping[str, Any], *, extra: str | None = None
+    ) -> list[tuple[Todo, Any]]:
+        """Run statement `name`; build a Todo from each row, matching columns by name.
+
+        `RETURNING *` gives the table's physical column order, which a table shared with the
+        Go service does not promise to be the model's, so values are placed by name. `extra`
+        names one more column to hand back beside each Todo.
+        """
+        alias = self._db_alias
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            cursor.execute(queries[name], params)
+            rows = cursor.fetchall()
+            columns = [column.name for column in cursor.description or ()]
+        position = {column: index for index, column in enumerate(columns)}
+        fields = self.model._meta.concrete_fields
+        attnames = [field.attname for field in fields]
+        places = [position[field.column] for field in fields]
+        json_places = [
+            (index, self._json_fields[field.name])
+            for index, field in enumerate(fields)
+            if field.name in self._json_fields
+        ]
+        extra_place = position[extra] if extra else None
+        loaded = []
+        for row in rows:
+            values = [row[place] for place in places]
+            for index, field in json_places:
+                values[index] = field.from_db_value(values[index], field.cached_col, connection)
+            todo = self.model.from_db(alias, attnames, values)
+            loaded.append((todo, None if extra_place is None else row[extra_place]))
+        return loaded
+
+    def _transition(self, name: str, params: Mapping[str, Any]) -> Todo | None:
+        """Run a single-todo transition; None when its guard matched no row."""
+        rows = self._run(name, params)
+        return rows[0][0] if rows else None
+
+    def _classify_miss(self, operation: str, todo_id: str, owner: str | None) -> Todo:
+        """Raise TodoNotFound or a TodoConflict that says what stood in the way."""
+        with self._cursor() as cursor:
+            cursor.execute(queries["classify_miss"], {"todo_id": todo_id})
+            row = cursor.fetchone()
+            columns = [column.name for column in cursor.description or ()]
+        if row is None:
+            raise TodoNotFound(todo_id)
+        seen = dict(zip(columns, row, strict=True))
+        raise TodoConflict(
+            _miss_message(operation, todo_id, owner, seen),
+            todo_id=todo_id,
+            state=seen["state"],
+            owner=seen["owner"],
+        )
+
+    acreate_todo = _async_twin(create_todo)
+    acreate_many = _async_twin(create_many)
+    aclaim_next = _async_twin(claim_next)
+    aclaim_batch = _async_twin(claim_batch)
+    aclaim = _async_twin(claim)
+    aheartbeat = _async_twin(heartbeat)
+    acomplete = _async_twin(complete)
+    acomplete_many = _async_twin(complete_many)
+    afail = _async_twin(fail)
+    arelease = _async_twin(release)
+    areap_expired = _async_twin(reap_expired)
+    arequeue = _async_twin(requeue)
+
+
+def _creation_params(
+    *,
+    queue: str = "default",
+    kind: str = "",
+    title: str = "",
+    payload: dict[str, Any] | None = None,
+    source: str = "",
+    idempotency_key: str | None = None,
+    assignee: str | None = None,
+    max_attempts: int = 5,
+    event: Event | str | None = None,
+    run_after: datetime | None = None,
+) -> dict[str, Any]:
+    """Validate `create_todo`'s arguments into the statement's parameters."""
+    checked_kind = validation.kind(kind)
+    checked_title = validation.text(title, "title", validation.TITLE_MAX_LENGTH)
+    if not checked_kind and not checked_title.strip():
+        raise InvalidTodo("A todo needs a kind or a title; both are empty.")
+    return {
+        "queue": validation.queue(queue),
+        "kind": checked_kind,
+        "title": checked_title,
+        "payload": validation.payload(payload),
+        "source": validation.text(source, "source", validation.SOURCE_MAX_LENGTH),
+        "idempotency_key": validation.idempotency_key(idempotency_key),
+        "assignee": validation.assignee(assignee),
+        "max_attempts": validation.whole_number(
+            max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT
+        ),
+        "event_id": _event_id(event),
+        "run_after": validation.run_after(run_after),
+    }
+
+
+def _event_id(event: Event | str | None) -> str | None:
+    if event is None or isinstance(event, str):
+        return event
+    if getattr(event, "pk", None) is None:
+        raise InvalidTodo("event must be a saved Event (or its id).")
+    return str(event.pk)
+
+
+def _constraint_name(error: IntegrityError) -> str | None:
+    diag = getattr(error.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None)
+
+
+def _miss_message(operation: str, todo_id: str, owner: str | None, seen: dict[str, Any]) -> str:
+    """Say, in the terms of the operation, why its guard matched no row."""
+    state, holder = seen["state"], seen["owner"]
+    if operation == "requeue":
+        if state != "failed":
+            return f"Todo {todo_id} is {state}; only failed (dead-lettered) todos can be requeued."
+        return (
+            f"Todo {todo_id} was not requeued: live todo {seen['live_twin']} holds idempotency "
+            f"key {seen['idempotency_key']!r} in queue {seen['queue']!r}."
+        )
+    if operation == "claim":
+        if seen["assignee"] is not None and seen["assignee"] != owner:
+            return (
+                f"Todo {todo_id} is assigned to {seen['assignee']!r}; {owner!r} may not claim it."
+            )
+        if state == "pending" and seen["waiting"]:
+            return f"Todo {todo_id} is waiting to be retried until {seen['next_retry_at']}."
+        if state == "claimed" and not seen["lease_lapsed"]:
+            return f"Todo {todo_id} is claimed by {holder!r} until {seen['lease_expires_at']}."
+        if state == "claimed":
+            return (
+                f"Todo {todo_id}'s lease lapsed on its last attempt "
+                f"({seen['attempt']} of {seen['max_attempts']}); the reaper dead-letters it."
+            )
+        return f"Todo {todo_id} is {state}; only pending todos can be claimed."
+    if state != "claimed":
+        return f"Todo {todo_id} is {state}, not claimed; {operation} needs it claimed by {owner!r}."
+    return f"Todo {todo_id} is claimed by {holder!r}, not by {owner!r}."

@@ -1,0 +1,178 @@
+"""The `todos` and `events` tables, column for column as in the switchboard seed schema."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Cast
+from django.utils.translation import gettext_lazy as _
+
+from switchboard_todos.managers import TodoManager
+
+
+class State(models.TextChoices):
+    """Where a todo is in its life; the CHECK constraint on `todos.state` allows exactly these."""
+
+    PENDING = "pending", _("Pending")
+    """Waiting for a claim, and not claimable before `next_retry_at`. Left only by a claim."""
+
+    CLAIMED = "claimed", _("Claimed")
+    """Held by `owner` until `lease_expires_at`. Left by complete, fail, release, or the lease
+    lapsing (the reaper or the next claim scan)."""
+
+    DONE = "done", _("Done")
+    """Completed by its owner; `result` holds what it returned. Final: left only by purging."""
+
+    FAILED = "failed", _("Failed (dead letter)")
+    """Dead-lettered after `max_attempts` attempts. Left only by an operator's requeue."""
+
+
+def new_event_id() -> str:
+    """Return a fresh `ev_<uuid4>` event id."""
+    return f"ev_{uuid.uuid4()}"
+
+
+def new_todo_id() -> str:
+    """Return a fresh `td_<uuid4>` todo id."""
+    return f"td_{uuid.uuid4()}"
+
+
+def _prefixed_uuid(prefix: str) -> models.Func:
+    """Database default `'<prefix>_' || gen_random_uuid()`, so raw SQL inserts get an id too."""
+    return models.Func(
+        models.Value(f"{prefix}_"),
+        Cast(
+            models.Func(function="gen_random_uuid", output_field=models.UUIDField()),
+            models.TextField(),
+        ),
+        template="(%(expressions)s)",
+        arg_joiner=" || ",
+        output_field=models.TextField(),
+    )
+
+
+def _now() -> models.Func:
+    """Database default `now()`: the one clock every transition reads."""
+    return models.Func(function="now", output_field=models.DateTimeField())
+
+
+class Event(models.Model):
+    """An inbound delivery (a webhook, say) that todos can point back to."""
+
+    id = models.TextField(
+        primary_key=True, default=new_event_id, db_default=_prefixed_uuid("ev"), editable=False
+    )
+    source = models.TextField(db_default="")
+    kind = models.TextField(db_default="")
+    payload = models.JSONField(default=dict, db_default=models.Value({}, models.JSONField()))
+    delivery_id = models.TextField(null=True, blank=True)
+    received_at = models.DateTimeField(db_default=_now())
+
+    class Meta:
+        db_table = "events"
+        ordering = ["-received_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source", "delivery_id"],
+                condition=Q(delivery_id__isnull=False),
+                name="idx_events_delivery",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.kind} {self.id}"
+
+
+class Todo(models.Model):
+    """A unit of work: created pending, claimed under a lease, then done or dead-lettered."""
+
+    id = models.TextField(
+        primary_key=True, default=new_todo_id, db_default=_prefixed_uuid("td"), editable=False
+    )
+    queue = models.TextField(db_default="default")
+    source = models.TextField(db_default="")
+    kind = models.TextField(db_default="")
+    title = models.TextField(db_default="")
+    payload = models.JSONField(default=dict, db_default=models.Value({}, models.JSONField()))
+    # The constraint is ON DELETE SET NULL in the database (migration 0001), not only in Python,
+    # so deleting an event from another service cannot fail or leave a dangling id.
+    event = models.ForeignKey(
+        Event,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        db_constraint=False,
+        db_index=False,
+        related_name="todos",
+    )
+    idempotency_key = models.TextField(null=True, blank=True)
+    assignee = models.TextField(null=True, blank=True)
+    state = models.TextField(choices=State.choices, db_default=State.PENDING)
+    owner = models.TextField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempt = models.IntegerField(db_default=0)
+    max_attempts = models.IntegerField(db_default=5)
+    next_retry_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(db_default=models.Value([], models.JSONField()))
+    created_at = models.DateTimeField(db_default=_now())
+    updated_at = models.DateTimeField(db_default=_now())
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TodoManager()
+
+    class Meta:
+        db_table = "todos"
+        ordering = ["-created_at"]
+        permissions = [
+            ("requeue_todo", "Can requeue dead-lettered todos"),
+            ("expire_lease_todo", "Can expire the lease of claimed todos"),
+            ("dead_letter_todo", "Can dead-letter pending todos"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=State.values), name="todos_state_check"),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gt=0), name="todos_max_attempts_check"
+            ),
+            models.UniqueConstraint(
+                fields=["queue", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False)
+                & ~Q(state=State.DONE)
+                & ~Q(state=State.FAILED),
+                name="idx_todos_dedupe",
+            ),
+        ]
+        indexes = [
+            # The claim scan: one index scan per queue, stopping at the first unlocked row. The
+            # seed's index, narrowed to todos not waiting for a retry, so that a backlog of
+            # retries is never walked past to find ready work.
+            models.Index(
+                fields=["queue", "created_at"],
+                condition=Q(state=State.PENDING, next_retry_at__isnull=True),
+                name="idx_todos_pending",
+            ),
+            # The claim scan's other branch: retries and scheduled todos, in the order they are due.
+            models.Index(
+                fields=["queue", "next_retry_at"],
+                condition=Q(state=State.PENDING, next_retry_at__isnull=False),
+                name="idx_todos_scheduled",
+            ),
+            # The reaper and the claim scan's lapsed-lease branch; only in-flight rows.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(state=State.CLAIMED),
+                name="idx_todos_lease",
+            ),
+            # The event's todos (admin inline, ON DELETE SET NULL); most todos have no event.
+            models.Index(
+                fields=["event"],
+                condition=Q(event__isnull=False),
+                name="idx_todos_event",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or self.kind or self.id

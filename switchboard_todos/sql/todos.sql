@@ -1,0 +1,266 @@
+-- Every transition of the todo state machine, one guarded statement each.
+--
+-- Format: a block starts at "-- name: <operation>" (the TodoManager method of the same name)
+-- and runs to the next such line; its first comment line is the contract. Parameters are
+-- named, %(name)s. Time is always the database's now(): the application's clock never
+-- decides a lease. A statement that returns no row missed its guard, and the manager
+-- classifies the miss (TodoNotFound or TodoConflict).
+--
+-- When a todo becomes claimable: a pending todo with no next_retry_at at created_at, one with
+-- a next_retry_at at that time, and a claimed todo whose lease lapsed at lease_expires_at.
+-- Claims take the longest-claimable first, so a retried todo queues behind work that was
+-- already waiting, as a message that becomes visible again does in SQS.
+
+-- name: create_todo
+-- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
+WITH inserted AS (
+    INSERT INTO todos (queue, source, kind, title, payload, event_id, idempotency_key,
+                       assignee, max_attempts, next_retry_at)
+    VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
+            %(idempotency_key)s, %(assignee)s, %(max_attempts)s,
+            CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
+    ON CONFLICT (queue, idempotency_key)
+       WHERE idempotency_key IS NOT NULL AND state <> 'done' AND state <> 'failed'
+    DO NOTHING
+    RETURNING *
+)
+SELECT *, true AS created FROM inserted
+UNION ALL
+SELECT *, false AS created
+  FROM todos
+ WHERE queue = %(queue)s
+   AND idempotency_key = %(idempotency_key)s
+   AND state <> 'done' AND state <> 'failed'
+   AND NOT EXISTS (SELECT FROM inserted);
+
+-- name: create_many
+-- Insert many pending todos at once; return the inserted rows and the live rows that hold keys.
+WITH batch AS (
+    SELECT *
+      FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
+                  %(titles)s::text[], %(payloads)s::jsonb[], %(event_ids)s::text[],
+                  %(idempotency_keys)s::text[], %(assignees)s::text[], %(max_attempts)s::int[],
+                  %(run_afters)s::timestamptz[])
+           AS row (id, queue, source, kind, title, payload, event_id, idempotency_key,
+                   assignee, max_attempts, run_after)
+),
+inserted AS (
+    INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
+                       assignee, max_attempts, next_retry_at)
+    SELECT id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
+           max_attempts, CASE WHEN run_after > now() THEN run_after END
+      FROM batch
+    ON CONFLICT (queue, idempotency_key)
+       WHERE idempotency_key IS NOT NULL AND state <> 'done' AND state <> 'failed'
+    DO NOTHING
+    RETURNING *
+)
+SELECT *, true AS created FROM inserted
+UNION ALL
+SELECT todos.*, false AS created
+  FROM todos
+  JOIN batch ON todos.queue = batch.queue AND todos.idempotency_key = batch.idempotency_key
+ WHERE todos.state <> 'done' AND todos.state <> 'failed'
+   AND batch.id NOT IN (SELECT id FROM inserted);
+
+-- name: claim_next
+-- Claim up to %(limit)s of the longest-claimable todos in %(queues)s for %(owner)s.
+-- Each queue is its own index scan that stops at the first unlocked rows, so the cost does not
+-- grow with the backlog; a plain "queue = ANY(...) ORDER BY" would sort the whole backlog.
+WITH ready AS MATERIALIZED (
+    SELECT candidate.id, candidate.created_at AS claimable_at
+      FROM unnest(%(queues)s::text[]) AS wanted (queue)
+     CROSS JOIN LATERAL (
+            SELECT id, created_at
+              FROM todos
+             WHERE state = 'pending' AND next_retry_at IS NULL
+               AND queue = wanted.queue
+               AND (assignee IS NULL OR assignee = %(owner)s)
+             ORDER BY created_at
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED
+           ) AS candidate
+),
+due AS MATERIALIZED (
+    SELECT candidate.id, candidate.next_retry_at AS claimable_at
+      FROM unnest(%(queues)s::text[]) AS wanted (queue)
+     CROSS JOIN LATERAL (
+            SELECT id, next_retry_at
+              FROM todos
+             WHERE state = 'pending' AND next_retry_at IS NOT NULL
+               AND queue = wanted.queue
+               AND next_retry_at <= now()
+               AND (assignee IS NULL OR assignee = %(owner)s)
+             ORDER BY next_retry_at
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED
+           ) AS candidate
+),
+lapsed AS MATERIALIZED (
+    SELECT id, lease_expires_at AS claimable_at
+      FROM todos
+     WHERE state = 'claimed'
+       AND lease_expires_at <= now()
+       AND attempt < max_attempts
+       AND queue = ANY (%(queues)s::text[])
+       AND (assignee IS NULL OR assignee = %(owner)s)
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+picked AS (
+    SELECT id
+      FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
+           AS claimable
+     ORDER BY claimable_at
+     LIMIT %(limit)s
+)
+UPDATE todos
+   SET state = 'claimed',
+       owner = %(owner)s,
+       lease_expires_at = now() + %(ttl)s::interval,
+       attempt = attempt + 1,
+       claimed_at = now(),
+       next_retry_at = NULL,
+       errors = CASE WHEN state = 'claimed' THEN errors || jsonb_build_array(jsonb_build_object(
+                    'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
+                    'error', jsonb_build_object('type', 'LeaseExpired',
+                        'message', 'The lease lapsed before complete, fail or release.')))
+                ELSE errors END,
+       updated_at = now()
+  FROM picked
+ WHERE todos.id = picked.id
+RETURNING todos.*;
+
+-- name: claim
+-- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left.
+UPDATE todos
+   SET state = 'claimed',
+       owner = %(owner)s,
+       lease_expires_at = now() + %(ttl)s::interval,
+       attempt = attempt + 1,
+       claimed_at = now(),
+       next_retry_at = NULL,
+       errors = CASE WHEN state = 'claimed' THEN errors || jsonb_build_array(jsonb_build_object(
+                    'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
+                    'error', jsonb_build_object('type', 'LeaseExpired',
+                        'message', 'The lease lapsed before complete, fail or release.')))
+                ELSE errors END,
+       updated_at = now()
+ WHERE id = %(todo_id)s
+   AND (assignee IS NULL OR assignee = %(owner)s)
+   AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
+        OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
+RETURNING *;
+
+-- name: heartbeat
+-- Extend the lease of a todo the owner still holds. Guard: claimed, same owner.
+UPDATE todos
+   SET lease_expires_at = now() + %(ttl)s::interval, updated_at = now()
+ WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+RETURNING *;
+
+-- name: complete
+-- Mark a todo done with its result. Guard: claimed, same owner.
+UPDATE todos
+   SET state = 'done', result = %(result)s::jsonb, lease_expires_at = NULL,
+       completed_at = now(), updated_at = now()
+ WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+RETURNING *;
+
+-- name: complete_many
+-- Mark many todos done, each with its own result; returns the ids the owner still held.
+UPDATE todos
+   SET state = 'done', result = batch.result, lease_expires_at = NULL,
+       completed_at = now(), updated_at = now()
+  FROM unnest(%(ids)s::text[], %(results)s::jsonb[]) AS batch (id, result)
+ WHERE todos.id = batch.id AND todos.state = 'claimed' AND todos.owner = %(owner)s
+RETURNING todos.id;
+
+-- name: fail
+-- Record a failed attempt: back to pending after a backoff below the cap, dead letter at it.
+-- %(delays)s is the backoff schedule, one entry per attempt; the last entry repeats.
+UPDATE todos
+   SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
+       next_retry_at = CASE WHEN attempt < max_attempts THEN now() + coalesce(
+                           %(retry_in)s::interval,
+                           make_interval(secs => (%(delays)s::float8[])[
+                               least(attempt, cardinality(%(delays)s::float8[]))]))
+                       END,
+       owner = NULL,
+       lease_expires_at = NULL,
+       result = %(error)s::jsonb,
+       errors = errors || jsonb_build_array(jsonb_build_object(
+                    'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
+                    'error', %(error)s::jsonb)),
+       completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
+       updated_at = now()
+ WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+RETURNING *;
+
+-- name: release
+-- Give the lease back without using up an attempt; claimable again after %(delay)s.
+UPDATE todos
+   SET state = 'pending',
+       owner = NULL,
+       lease_expires_at = NULL,
+       attempt = greatest(attempt - 1, 0),
+       next_retry_at = CASE WHEN %(delay)s::interval > interval '0' THEN now() + %(delay)s::interval END,
+       updated_at = now()
+ WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+RETURNING *;
+
+-- name: reap_expired
+-- Return every lapsed lease to pending, or dead-letter it when its attempts are used up.
+-- Rows another session is transitioning right now are skipped, so reapers never block or race.
+WITH lapsed AS (
+    SELECT id
+      FROM todos
+     WHERE state = 'claimed' AND lease_expires_at <= now()
+       FOR UPDATE SKIP LOCKED
+),
+reaped AS (
+    UPDATE todos
+       SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
+           owner = NULL,
+           lease_expires_at = NULL,
+           result = CASE WHEN attempt >= max_attempts THEN jsonb_build_object('type', 'LeaseExpired',
+                        'message', 'The lease lapsed on the last attempt.') ELSE result END,
+           errors = errors || jsonb_build_array(jsonb_build_object(
+                        'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
+                        'error', jsonb_build_object('type', 'LeaseExpired',
+                            'message', 'The lease lapsed before complete, fail or release.'))),
+           completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
+           updated_at = now()
+      FROM lapsed
+     WHERE todos.id = lapsed.id
+    RETURNING todos.state
+)
+SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
+       count(*) FILTER (WHERE state = 'failed') AS dead_lettered
+  FROM reaped;
+
+-- name: requeue
+-- Operator redrive: a dead letter back to pending with a fresh attempt budget.
+-- Guard: failed, and no live todo holds its idempotency key (else idx_todos_dedupe would fail).
+UPDATE todos
+   SET state = 'pending', attempt = 0, next_retry_at = NULL, owner = NULL,
+       lease_expires_at = NULL, completed_at = NULL, updated_at = now()
+ WHERE id = %(todo_id)s AND state = 'failed'
+   AND NOT EXISTS (
+        SELECT FROM todos AS live
+         WHERE live.queue = todos.queue
+           AND live.idempotency_key = todos.idempotency_key
+           AND live.state <> 'done' AND live.state <> 'failed')
+RETURNING *;
+
+-- name: classify_miss
+-- Read what a guarded statement saw, to say why it touched no row.
+SELECT state, owner, assignee, queue, idempotency_key, attempt, max_attempts,
+       next_retry_at, next_retry_at > now() AS waiting,
+       lease_expires_at, lease_expires_at <= now() AS lease_lapsed,
+       (SELECT live.id FROM todos AS live
+         WHERE live.queue = todos.queue AND live.idempotency_key = todos.idempotency_key
+           AND live.id <> todos.id AND live.state <> 'done' AND live.state <> 'failed') AS live_twin
+  FROM todos
+ WHERE id = %(todo_id)s;

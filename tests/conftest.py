@@ -1,0 +1,141 @@
+"""Shared fixtures: a factory for todos in any state, and helpers for real concurrent clients."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import pytest
+from django.db import connection, connections
+from django.db.models.functions import Now
+
+from switchboard_todos.models import State, Todo
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: What each state needs to be a state the transitions can produce.
+_STATE_DEFAULTS: dict[str, dict[str, Any]] = {
+    State.PENDING: {},
+    State.CLAIMED: {"owner": "w1", "attempt": 1, "lease_expires_in": timedelta(seconds=30)},
+    State.DONE: {"owner": "w1", "attempt": 1, "result": {"ok": True}},
+    State.FAILED: {"attempt": 5, "result": {"type": "", "message": "boom"}},
+}
+
+
+@pytest.fixture
+def make_todo(db: None) -> Callable[..., Todo]:
+    """Insert a todo in any state; times are offsets from the database clock, never sleeps.
+
+    make_todo(state=State.CLAIMED, owner="w1", lease_expires_in=timedelta(seconds=-5))
+    """
+
+    def make(
+        *,
+        state: str = State.PENDING,
+        lease_expires_in: timedelta | None = None,
+        next_retry_in: timedelta | None = None,
+        created_ago: timedelta | None = None,
+        **fields: Any,
+    ) -> Todo:
+        defaults = dict(_STATE_DEFAULTS[state])
+        default_lease = defaults.pop("lease_expires_in", None)
+        lease_expires_in = lease_expires_in if lease_expires_in is not None else default_lease
+        values: dict[str, Any] = {"kind": "test.kind", **defaults, **fields, "state": state}
+        if state == State.CLAIMED:
+            values.setdefault("claimed_at", Now())
+        if state in (State.DONE, State.FAILED):
+            values.setdefault("completed_at", Now())
+        if lease_expires_in is not None:
+            values["lease_expires_at"] = Now() + lease_expires_in
+        if next_retry_in is not None:
+            values["next_retry_at"] = Now() + next_retry_in
+        if created_ago is not None:
+            values["created_at"] = Now() - created_ago
+        todo = Todo.objects.create(**values)
+        todo.refresh_from_db()
+        return todo
+
+    return make
+
+
+def run_in_threads(count: int, target: Callable[[int], T]) -> list[T]:
+    """Run target(0..count-1) at once, each thread on its own database connection.
+
+    A barrier lines the threads up so they really race; each closes its connection after.
+    """
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            barrier.wait()
+            results[index] = target(index)
+        except BaseException as error:  # re-raised in the main thread below
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def database_url() -> str:
+    """The URL of the database the tests use right now (the test database, during a test)."""
+    settings = connection.settings_dict
+    user = quote(settings["USER"] or "", safe="")
+    password = f":{quote(settings['PASSWORD'], safe='')}" if settings["PASSWORD"] else ""
+    host = settings["HOST"] or "127.0.0.1"
+    port = f":{settings['PORT']}" if settings["PORT"] else ""
+    return f"postgres://{user}{password}@{host}{port}/{settings['NAME']}"
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """Environment for a child Python process that talks to the test database."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": database_url(),
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@pytest.fixture
+def spawn(subprocess_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start `python -m <module> <args>` against the test database; kill leftovers after."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(module: str, *args: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            env=subprocess_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
