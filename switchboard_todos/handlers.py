@@ -1,0 +1,67 @@
+"""Which function runs a todo of a given kind: a registry filled by the `@handler` decorator.
+
+Put handlers in a `todo_handlers.py` module of any installed app; `autodiscover()` (called by
+the worker at start) imports them all, as the admin does with `admin.py`.
+
+    from switchboard_todos.handlers import handler
+
+    @handler("github.push")
+    def summarise_push(todo):
+        return {"commits": len(todo.payload["commits"])}
+
+A handler receives the claimed `Todo` and returns the JSON result stored by `complete`; an
+exception fails the attempt (retried with backoff, dead-lettered at `max_attempts`). Todos are
+delivered at least once, so a handler must be safe to run twice for the same todo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import autodiscover_modules
+
+from switchboard_todos import validation
+
+if TYPE_CHECKING:
+    from switchboard_todos.models import Todo
+
+Handler = Callable[["Todo"], Any]
+H = TypeVar("H", bound=Handler)
+
+_registry: dict[str, Handler] = {}
+
+
+def handler(kind: str) -> Callable[[H], H]:
+    """Register the decorated function as the handler of todos of `kind`."""
+    checked = validation.kind(kind)
+    if not checked:
+        raise ImproperlyConfigured("A handler needs a non-empty kind.")
+
+    def register(function: H) -> H:
+        registered = _registry.get(checked)
+        if registered is not None and registered is not function:
+            raise ImproperlyConfigured(
+                f"Kind {checked!r} already has a handler, "
+                f"{registered.__module__}.{registered.__qualname__}."
+            )
+        _registry[checked] = function
+        return function
+
+    return register
+
+
+def get_handler(kind: str) -> Handler | None:
+    """The handler registered for `kind`, or None."""
+    return _registry.get(kind)
+
+
+def registered_kinds() -> list[str]:
+    """Every kind with a handler, sorted."""
+    return sorted(_registry)
+
+
+def autodiscover() -> None:
+    """Import the `todo_handlers` module of every installed app that has one."""
+    autodiscover_modules("todo_handlers")
