@@ -151,7 +151,8 @@ def _start_embedded(database: str, unusable: str) -> tuple[str, str]:
     assert keeper.stdout is not None
     handshake = keeper.stdout.readline()
     keeper.stdout.close()
-    answer = json.loads(handshake) if handshake.startswith("{") else {"error": "it crashed"}
+    crashed = {"error": "its keeper process failed; see above"}
+    answer = json.loads(handshake) if handshake.startswith("{") else crashed
     if "error" in answer:
         _release(keeper, os.getpid())
         raise NoDatabase(
@@ -163,8 +164,8 @@ def _start_embedded(database: str, unusable: str) -> tuple[str, str]:
     atexit.register(_release, keeper, os.getpid())
     folder = Path(answer["directory"]).relative_to(BASE_DIR)
     return answer["url"], (
-        f"an embedded PostgreSQL {answer['version']} at 127.0.0.1:{answer['port']}, "
-        f"in {folder}/ until this process exits"
+        f"a throwaway embedded PostgreSQL {answer['version']} at 127.0.0.1:{answer['port']}, "
+        f"in {folder}/"
     )
 
 
@@ -313,12 +314,13 @@ def _version(name: str) -> tuple[int, ...]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` exists; a zombie not reaped yet does, so its owner is still running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # another user's process
     return True
 
 
@@ -336,22 +338,20 @@ def sweep(root: Path, bindir: Path) -> list[Path]:
 
 def keep(database: str) -> int:
     """The keeper: start a server, hand its URL over on stdout, stop it when stdin closes."""
-    server: EmbeddedServer | None = None
-    try:
-        bindir = postgres_bindir()
-        EMBEDDED_ROOT.mkdir(exist_ok=True)
-        sweep(EMBEDDED_ROOT, bindir)
-        server = EmbeddedServer(EMBEDDED_ROOT / f"postgres-{os.getpid()}", bindir)
-        server.create()
-        version = _ensure_database("127.0.0.1", server.port, database)
-    except (NoDatabase, OSError, psycopg.Error, subprocess.SubprocessError) as error:
-        if server is not None:
-            server.stop(mode="immediate")
-        print(json.dumps({"error": _first_line(error)}), flush=True)
-        return 1
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGHUP, _exit_on_signal)
+    server: EmbeddedServer | None = None
     try:
+        try:
+            bindir = postgres_bindir()
+            EMBEDDED_ROOT.mkdir(exist_ok=True)
+            sweep(EMBEDDED_ROOT, bindir)
+            server = EmbeddedServer(EMBEDDED_ROOT / f"postgres-{os.getpid()}", bindir)
+            server.create()
+            version = _ensure_database("127.0.0.1", server.port, database)
+        except (NoDatabase, OSError, psycopg.Error, subprocess.SubprocessError) as error:
+            print(json.dumps({"error": _first_line(error)}), flush=True)
+            return 1
         answer = {
             "url": server.url(database),
             "port": server.port,
@@ -360,9 +360,10 @@ def keep(database: str) -> int:
         }
         print(json.dumps(answer), flush=True)
         sys.stdin.read()  # returns at end of file: the owner has exited or let go
+        return 0
     finally:
-        server.stop()
-    return 0
+        if server is not None:
+            server.stop()
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:

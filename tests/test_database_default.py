@@ -162,11 +162,52 @@ def test_embedded_server_lives_for_the_command_only(
     assert finished.returncode == 3, finished.stderr
     report = json.loads(finished.stdout)
     version = report["version"].split()[0]
-    assert f"switchboard: database: an embedded PostgreSQL {version} at" in finished.stderr
+    said = f"switchboard: database: a throwaway embedded PostgreSQL {version} at 127.0.0.1:"
+    assert said in finished.stderr
     assert finished.stderr.count("switchboard: database:") == 1
     assert Path(report["directory"]).is_relative_to(EMBEDDED_ROOT)
     assert wait_until(lambda: not running(report["pid"])), "the server outlived the command"
     assert not Path(report["directory"]).parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("signum", "to_group", "status"),
+    [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 128 + signal.SIGTERM)],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_interrupted_run_stops_the_command_then_the_server(
+    no_database_env: dict[str, str], signum: int, to_group: bool, status: int
+) -> None:
+    """Ctrl-C reaches the command from the terminal, SIGTERM is passed on; the server goes last."""
+    command = (
+        f"{REPORT}\nimport time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    exit(130)"
+    )
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "example_project.database",
+            "run",
+            "--",
+            sys.executable,
+            "-c",
+            command,
+        ],
+        cwd=ROOT,
+        env=no_database_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+    ) as wrapper:
+        report = read_report(wrapper)
+        if to_group:
+            os.killpg(wrapper.pid, signum)
+        else:
+            wrapper.send_signal(signum)
+        assert wrapper.wait(timeout=60) == status
+    assert not Path(report["directory"]).parent.exists()
+    assert wait_until(lambda: not running(report["pid"]))
 
 
 def test_server_of_a_killed_process_is_stopped_by_its_keeper(

@@ -278,9 +278,12 @@ def test_body_over_the_limit_is_refused_by_its_length(client: Client) -> None:
     assert deliver(client, at_limit, delivery="fits").status_code == 202
 
 
-def test_body_without_a_length_is_read_no_further_than_the_limit() -> None:
-    """With no Content-Length (a chunked upload), at most limit + 1 bytes are read."""
+@pytest.mark.parametrize("length", [None, "many"])
+def test_body_without_a_length_is_read_no_further_than_the_limit(length: str | None) -> None:
+    """With no usable Content-Length (a chunked upload), at most limit + 1 bytes are read."""
     request = HttpRequest()
+    if length is not None:
+        request.META["CONTENT_LENGTH"] = length
     stream = io.BytesIO(b"x" * 10_000)
     request._stream = stream
     with pytest.raises(Rejected) as refused:
