@@ -41,6 +41,9 @@ pid = int(pathlib.Path(directory, "postmaster.pid").read_text().split()[0])
 print(json.dumps({"directory": directory, "pid": pid, "version": version}), flush=True)
 """
 
+#: `make test`'s wrapper around a Python snippet: `[*RUN, "print(1)"]`.
+RUN = [sys.executable, "-m", "example_project.database", "run", "--", sys.executable, "-c"]
+
 SYSTEM_BINDIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
 
 
@@ -143,16 +146,7 @@ def test_embedded_server_lives_for_the_command_only(
         pytest.skip("pgserver is not installed")
     command = f"{REPORT}\nraise SystemExit(3)"
     finished = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "example_project.database",
-            "run",
-            "--",
-            sys.executable,
-            "-c",
-            command,
-        ],
+        [*RUN, command],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -183,16 +177,7 @@ def test_interrupted_run_stops_the_command_then_the_server(
         f"{REPORT}\nimport time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    exit(130)"
     )
     with subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "example_project.database",
-            "run",
-            "--",
-            sys.executable,
-            "-c",
-            command,
-        ],
+        [*RUN, command],
         cwd=ROOT,
         env=no_database_env,
         stdout=subprocess.PIPE,
