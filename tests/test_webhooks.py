@@ -112,6 +112,21 @@ def test_delivery_without_a_kind(client: Client) -> None:
 
 
 @pytest.mark.django_db
+def test_event_is_not_kept_without_its_todo(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Event and todo are one transaction: when the todo fails to be written, so does the event."""
+
+    def fail(**fields: Any) -> None:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(Todo.objects, "create_todo", fail)
+    with pytest.raises(RuntimeError, match="went away"):
+        deliver(client)
+    assert rows() == (0, 0)
+
+
+@pytest.mark.django_db
 def test_repeated_delivery_answers_200_with_the_same_todo(client: Client) -> None:
     """A delivery id seen before writes nothing, even once its todo is done."""
     first = deliver(client).json()
