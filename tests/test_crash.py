@@ -24,16 +24,21 @@ def wait_for(condition: Callable[[], bool], timeout: float = 15) -> None:
         time.sleep(0.05)
 
 
-def test_a_killed_workers_todo_is_requeued_by_the_reaper_and_completed_by_another(
-    spawn: Spawn,
-) -> None:
-    """SIGKILL after claiming → the lease lapses → reap_expired requeues → another completes."""
-    todo, _ = Todo.objects.create_todo(queue="crash", kind="k")
+def kill_while_holding(spawn: Spawn, todo: Todo) -> None:
+    """A separate process claims `todo` with a one-second lease and is killed with SIGKILL."""
     victim = spawn("tests.client", "hold", "--queue", "crash", "--owner", "victim", "--ttl", "1")
     assert victim.stdout is not None
     assert victim.stdout.readline().strip() == todo.id
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
+
+
+def test_a_killed_workers_todo_is_requeued_by_the_reaper_and_completed_by_another(
+    spawn: Spawn,
+) -> None:
+    """SIGKILL after claiming → the lease lapses → reap_expired requeues → another completes."""
+    todo, _ = Todo.objects.create_todo(queue="crash", kind="k")
+    kill_while_holding(spawn, todo)
     assert Todo.objects.get(pk=todo.pk).owner == "victim"
 
     wait_for(lambda: Todo.objects.reap_expired().requeued == 1)
@@ -56,11 +61,7 @@ def test_a_killed_workers_todo_is_taken_by_the_next_claim_without_a_reaper(
 ) -> None:
     """With no reaper running, the claim scan itself picks up the lapsed lease."""
     todo, _ = Todo.objects.create_todo(queue="crash", kind="k")
-    victim = spawn("tests.client", "hold", "--queue", "crash", "--owner", "victim", "--ttl", "1")
-    assert victim.stdout is not None
-    assert victim.stdout.readline().strip() == todo.id
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=10)
+    kill_while_holding(spawn, todo)
 
     claimed: list[Todo] = []
 
@@ -75,11 +76,7 @@ def test_a_killed_workers_todo_is_taken_by_the_next_claim_without_a_reaper(
 def test_a_lease_that_lapses_on_the_last_attempt_is_dead_lettered(spawn: Spawn) -> None:
     """A worker that dies on the final attempt leaves a dead letter, not a lost todo."""
     todo, _ = Todo.objects.create_todo(queue="crash", kind="k", max_attempts=1)
-    victim = spawn("tests.client", "hold", "--queue", "crash", "--owner", "victim", "--ttl", "1")
-    assert victim.stdout is not None
-    assert victim.stdout.readline().strip() == todo.id
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=10)
+    kill_while_holding(spawn, todo)
 
     wait_for(lambda: Todo.objects.reap_expired().dead_lettered == 1)
     dead = Todo.objects.get(pk=todo.pk)
