@@ -52,7 +52,6 @@ def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
     )
     assert result.returncode == 1
     assert "switchboard_todos.E001" in result.stderr
-    assert not (tmp_path / "db.sqlite3").exists()
 
 
 @pytest.mark.parametrize(
