@@ -109,28 +109,31 @@ lapsed AS MATERIALIZED (
        FOR UPDATE SKIP LOCKED
 ),
 picked AS (
-    SELECT id
+    SELECT id, claimable_at
       FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
            AS claimable
      ORDER BY claimable_at
      LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE todos
+       SET state = 'claimed',
+           owner = %(owner)s,
+           lease_expires_at = now() + %(ttl)s::interval,
+           attempt = attempt + 1,
+           claimed_at = now(),
+           next_retry_at = NULL,
+           errors = CASE WHEN state = 'claimed' THEN errors || jsonb_build_array(jsonb_build_object(
+                        'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
+                        'error', jsonb_build_object('type', 'LeaseExpired',
+                            'message', 'The lease lapsed before complete, fail or release.')))
+                    ELSE errors END,
+           updated_at = now()
+      FROM picked
+     WHERE todos.id = picked.id
+    RETURNING todos.*, picked.claimable_at
 )
-UPDATE todos
-   SET state = 'claimed',
-       owner = %(owner)s,
-       lease_expires_at = now() + %(ttl)s::interval,
-       attempt = attempt + 1,
-       claimed_at = now(),
-       next_retry_at = NULL,
-       errors = CASE WHEN state = 'claimed' THEN errors || jsonb_build_array(jsonb_build_object(
-                    'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
-                    'error', jsonb_build_object('type', 'LeaseExpired',
-                        'message', 'The lease lapsed before complete, fail or release.')))
-                ELSE errors END,
-       updated_at = now()
-  FROM picked
- WHERE todos.id = picked.id
-RETURNING todos.*;
+SELECT * FROM claimed ORDER BY claimable_at;
 
 -- name: claim
 -- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left.
