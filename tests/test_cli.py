@@ -6,6 +6,7 @@ from argparse import ArgumentTypeError
 from datetime import timedelta
 
 import pytest
+from django.core.management import load_command_class
 
 from switchboard_todos.management.cli import (
     duration,
@@ -85,3 +86,23 @@ def test_plural() -> None:
         "2 sweeps",
         "0 batches",
     ]
+
+
+@pytest.mark.parametrize(
+    ("command", "mentions"),
+    [
+        ("reap_todos", ["--loop", "--interval SECONDS", "--max-sweeps N", "SIGTERM", "status 1"]),
+        ("purge_todos", ["--older-than DURATION", "--include-failed", "--queue QUEUE", "30d"]),
+        ("todo_systemd_units", ["--output DIR", "--user USER", "--python PATH", "root"]),
+    ],
+)
+def test_help_explains_each_command(command: str, mentions: list[str]) -> None:
+    """`--help` says what the command does and documents every option."""
+    text = " ".join(
+        load_command_class("switchboard_todos", command)
+        .create_parser("manage.py", command)
+        .format_help()
+        .split()
+    )
+    for mention in mentions:
+        assert mention in text, mention
