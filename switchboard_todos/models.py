@@ -166,6 +166,13 @@ class Todo(models.Model):
                 condition=Q(state=State.CLAIMED),
                 name="idx_todos_lease",
             ),
+            # Retention (purge_todos): finished todos in completion order, so each batch reads
+            # only the rows it deletes. Pending and claimed todos stay out of it.
+            models.Index(
+                fields=["completed_at"],
+                condition=Q(state__in=[State.DONE, State.FAILED]),
+                name="idx_todos_finished",
+            ),
             # The event's todos (admin inline, ON DELETE SET NULL); most todos have no event.
             models.Index(
                 fields=["event"],
