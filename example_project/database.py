@@ -7,7 +7,9 @@ In order:
    user `postgres` without a password; its database `switchboard` is created if missing.
 3. An embedded, throwaway PostgreSQL: the binaries of the `pgserver` wheel (or the system's
    `initdb`/`pg_ctl`, or `SWITCHBOARD_POSTGRES_BIN`), a fresh cluster in
-   `.local/postgres-<pid>/`, listening on a free port of 127.0.0.1 only.
+   `.local/postgres-<pid>/`, listening on a free port of 127.0.0.1 only. (As root it runs as
+   the `postgres` or `nobody` account; if that account cannot reach the project folder, the
+   cluster goes in the temporary folder instead.)
 
 The choice is exported as DATABASE_URL, so child processes (web server, workers, the tests'
 subprocesses) share it, and said once on stderr by the process that made it.
@@ -37,8 +39,10 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -53,6 +57,8 @@ LOCAL_ADDRESS = "127.0.0.1:5432"
 CHOICE_VARIABLE = "SWITCHBOARD_DATABASE_CHOICE"
 #: Holds one `postgres-<keeper pid>` folder per embedded server; git-ignored.
 EMBEDDED_ROOT = BASE_DIR / ".local"
+#: Where they go instead when the account PostgreSQL runs as cannot reach the project folder.
+FALLBACK_ROOT = Path(tempfile.gettempdir(), f"switchboard-postgres-{os.getuid()}")
 #: PostgreSQL refuses to run as root; as root, the embedded server runs as the first of these.
 UNPRIVILEGED_USERS = ("postgres", "nobody")
 #: A throwaway cluster needs no durability: skipping fsync makes the test suite faster.
@@ -162,10 +168,11 @@ def _start_embedded(database: str, unusable: str) -> tuple[str, str]:
         )
     _keeper = keeper
     atexit.register(_release, keeper, os.getpid())
-    folder = Path(answer["directory"]).relative_to(BASE_DIR)
+    folder = Path(answer["directory"])
+    shown = folder.relative_to(BASE_DIR) if folder.is_relative_to(BASE_DIR) else folder
     return answer["url"], (
         f"a throwaway embedded PostgreSQL {answer['version']} at 127.0.0.1:{answer['port']}, "
-        f"in {folder}/"
+        f"in {shown}/"
     )
 
 
@@ -282,17 +289,45 @@ def free_port() -> int:
         return port
 
 
+def _reachable(path: Path, account: tuple[int, int] | None) -> bool:
+    """Whether `account` may pass through every folder down to `path` (None: we are it)."""
+    if account is None:
+        return True
+    uid, gid = account
+    for folder in (path, *path.parents):
+        mode = folder.stat()
+        search = stat.S_IXUSR if mode.st_uid == uid else stat.S_IXGRP if mode.st_gid == gid else 0
+        if not mode.st_mode & (search or stat.S_IXOTH):
+            return False
+    return True
+
+
+def embedded_root() -> Path:
+    """`.local/` in the project, or a temporary folder when PostgreSQL's account cannot reach it.
+
+    As root, the server runs as another account, and a checkout under /root (mode 0700) is out
+    of its reach.
+    """
+    return EMBEDDED_ROOT if _reachable(BASE_DIR, _unprivileged_account()) else FALLBACK_ROOT
+
+
 def postgres_bindir() -> Path:
-    """The folder of initdb and pg_ctl: SWITCHBOARD_POSTGRES_BIN, pgserver's, or the system's."""
+    """The folder of initdb and pg_ctl: SWITCHBOARD_POSTGRES_BIN, pgserver's, or the system's.
+
+    As root, only a folder the server's account can reach will do.
+    """
     configured = os.environ.get("SWITCHBOARD_POSTGRES_BIN")
     candidates = [Path(configured)] if configured else _bindir_candidates()
+    account = _unprivileged_account()
     for candidate in candidates:
-        if (candidate / "initdb").is_file() and (candidate / "pg_ctl").is_file():
+        programs = (candidate / "initdb").is_file() and (candidate / "pg_ctl").is_file()
+        if programs and _reachable(candidate, account):
             return candidate
     raise NoDatabase(
-        f"no initdb and pg_ctl in {configured}"
+        f"no initdb and pg_ctl in {configured} that PostgreSQL's account can run"
         if configured
         else "no PostgreSQL programs: neither the pgserver wheel nor a system PostgreSQL"
+        + ("" if account is None else " that PostgreSQL's account can run")
     )
 
 
@@ -344,9 +379,10 @@ def keep(database: str) -> int:
     try:
         try:
             bindir = postgres_bindir()
-            EMBEDDED_ROOT.mkdir(exist_ok=True)
-            sweep(EMBEDDED_ROOT, bindir)
-            server = EmbeddedServer(EMBEDDED_ROOT / f"postgres-{os.getpid()}", bindir)
+            root = embedded_root()
+            root.mkdir(mode=0o755, exist_ok=True)
+            sweep(root, bindir)
+            server = EmbeddedServer(root / f"postgres-{os.getpid()}", bindir)
             server.create()
             version = _ensure_database("127.0.0.1", server.port, database)
         except (NoDatabase, OSError, psycopg.Error, subprocess.SubprocessError) as error:

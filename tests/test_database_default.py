@@ -19,11 +19,13 @@ import pytest
 from django.db import connection
 from psycopg import sql
 
+from example_project import database
 from example_project.database import (
     CHOICE_VARIABLE,
-    EMBEDDED_ROOT,
+    FALLBACK_ROOT,
     NoDatabase,
     chosen,
+    embedded_root,
     ensure_database_url,
     free_port,
     postgres_bindir,
@@ -91,7 +93,7 @@ def no_database_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 def sweep_after() -> Iterator[None]:
     """Stop whatever a test's killed processes left behind, even when the test fails."""
     yield
-    sweep(EMBEDDED_ROOT, postgres_bindir())
+    sweep(embedded_root(), postgres_bindir())
 
 
 def test_database_url_wins(
@@ -159,7 +161,7 @@ def test_embedded_server_lives_for_the_command_only(
     said = f"switchboard: database: a throwaway embedded PostgreSQL {version} at 127.0.0.1:"
     assert said in finished.stderr
     assert finished.stderr.count("switchboard: database:") == 1
-    assert Path(report["directory"]).is_relative_to(EMBEDDED_ROOT)
+    assert Path(report["directory"]).is_relative_to(embedded_root())
     assert wait_until(lambda: not running(report["pid"])), "the server outlived the command"
     assert not Path(report["directory"]).parent.exists()
 
@@ -215,12 +217,12 @@ def test_server_left_by_a_killed_keeper_is_swept(
         folder = Path(report["directory"]).parent
         keeper = int(folder.name.removeprefix("postgres-"))
         os.kill(keeper, signal.SIGKILL)
-        assert folder not in sweep(EMBEDDED_ROOT, postgres_bindir()), "in use by its owner"
+        assert folder not in sweep(embedded_root(), postgres_bindir()), "in use by its owner"
         owner.kill()
     assert wait_until(lambda: not exists(keeper)), "the dead keeper was not reaped"
     assert running(report["pid"]), "the server should be orphaned, not stopped"
 
-    assert folder in sweep(EMBEDDED_ROOT, postgres_bindir())
+    assert folder in sweep(embedded_root(), postgres_bindir())
 
     assert wait_until(lambda: not running(report["pid"]))
     assert not folder.exists()
@@ -264,3 +266,20 @@ def read_report(process: subprocess.Popen[str]) -> dict[str, Any]:
     assert line, "the child did not report a server"
     report: dict[str, Any] = json.loads(line)
     return report
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs PostgreSQL as another account")
+def test_out_of_reach_project_sends_the_cluster_to_the_temp_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """As root, a checkout PostgreSQL's account cannot enter (under /root, say) is not used."""
+    hidden = tmp_path / "hidden"
+    (hidden / "project").mkdir(parents=True)
+    hidden.chmod(0o700)
+    monkeypatch.setattr(database, "BASE_DIR", hidden / "project")
+    assert embedded_root() == FALLBACK_ROOT
+    (hidden / "initdb").touch()
+    (hidden / "pg_ctl").touch()
+    monkeypatch.setenv("SWITCHBOARD_POSTGRES_BIN", str(hidden))
+    with pytest.raises(NoDatabase, match="that PostgreSQL's account can run"):
+        postgres_bindir()
