@@ -120,6 +120,7 @@ class TodoManager(models.Manager["Todo"]):
             "assignees": [p["assignee"] for p in batch],
             "max_attempts": [p["max_attempts"] for p in batch],
             "run_afters": [p["run_after"] for p in batch],
+            "notify": conf.LISTEN,
         }
         by_id: dict[str, Todo] = {}
         live: dict[tuple[str, str | None], Todo] = {}
@@ -305,6 +306,7 @@ class TodoManager(models.Manager["Todo"]):
             "delays": retry_schedule(
                 base=conf.BACKOFF_BASE, cap=conf.BACKOFF_MAX, jitter=conf.BACKOFF_JITTER
             ),
+            "notify": conf.LISTEN,
         }
         return self._transition("fail", params) or self._classify_miss("fail", todo_id, owner)
 
@@ -314,6 +316,7 @@ class TodoManager(models.Manager["Todo"]):
             "todo_id": todo_id,
             "owner": validation.owner(owner),
             "delay": validation.delay(0 if delay is None else delay, "delay"),
+            "notify": conf.LISTEN,
         }
         return self._transition("release", params) or self._classify_miss("release", todo_id, owner)
 
@@ -322,7 +325,7 @@ class TodoManager(models.Manager["Todo"]):
     def reap_expired(self) -> ReapResult:
         """Requeue every todo whose lease lapsed, or dead-letter it when no attempt is left."""
         with self._cursor() as cursor:
-            cursor.execute(queries["reap_expired"])
+            cursor.execute(queries["reap_expired"], {"notify": conf.LISTEN})
             requeued, dead_lettered = cursor.fetchone()
         return ReapResult(requeued=requeued, dead_lettered=dead_lettered)
 
@@ -330,7 +333,7 @@ class TodoManager(models.Manager["Todo"]):
         """Send a dead letter back to pending with its attempt budget reset."""
         try:
             with transaction.atomic(using=self._db_alias):
-                todo = self._transition("requeue", {"todo_id": todo_id})
+                todo = self._transition("requeue", {"todo_id": todo_id, "notify": conf.LISTEN})
         except IntegrityError as error:
             # A todo with the same key was created between the guard's check and the write.
             if _constraint_name(error) != "idx_todos_dedupe":
@@ -466,6 +469,7 @@ def _creation_params(
         ),
         "event_id": _event_id(event),
         "run_after": validation.run_after(run_after),
+        "notify": conf.LISTEN,
     }
 
 

@@ -137,7 +137,7 @@ class Worker:
         concurrency: int = 1,
         ttl: float | timedelta = 30.0,
         owner: str | None = None,
-        batch_size: int = 50,
+        batch_size: int = 100,
         listen: bool | None = None,
         poll_interval: float = 1.0,
         max_todos: int | None = None,
@@ -177,7 +177,6 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._finished = threading.Event()
-        self._aborted = False
         self._signals = 0
         self._handlers: dict[str, handlers.Handler] = {}
 
@@ -270,7 +269,6 @@ class Worker:
 
     def _abort(self) -> None:
         """Release every todo in hand, running or not; their handlers' outcomes are dropped."""
-        self._aborted = True
         self.stop()
         for runner in self._runners:
             self._release_batch(runner)
@@ -327,6 +325,8 @@ class Worker:
             return []
         if len(todos) < limit:
             self._reserve(len(todos) - limit)
+        if self.max_todos is not None and self._reserved >= self.max_todos:
+            self._doorbell.ring_all()  # the budget is spent: idle runners can go
         if todos:
             with self._lock:
                 self.stats.claimed += len(todos)
@@ -343,10 +343,7 @@ class Worker:
             if self.max_todos is not None and count > 0:
                 count = min(count, self.max_todos - self._reserved)
             self._reserved += count
-            exhausted = self.max_todos is not None and self._reserved >= self.max_todos
-        if exhausted:
-            self._doorbell.ring_all()  # idle runners: nothing more to claim, time to go
-        return count
+            return count
 
     def _execute(self, runner: _Runner, held: _Held) -> None:
         todo = held.todo
@@ -420,18 +417,18 @@ class Worker:
             # Keep them for the next flush; their leases lapse if the database stays away.
             runner.acks = {**acks, **runner.acks}
             return
+        with self._lock:
+            self.stats.done += len(stored)
         for todo_id, (held, value, seconds) in acks.items():
             self._running.pop(todo_id, None)
             todo = held.todo
             if todo_id not in stored:
                 self._lost(held, seconds)
                 continue
-            with self._lock:
-                self.stats.done += 1
             _log(todo, "done", seconds)
             if held.finished is not None:
                 todo.state, todo.result, todo.completed_at = State.DONE, value, timezone.now()
-                self._finished_hook(held, todo)
+            self._finished_hook(held, todo)
 
     def _fail(self, held: _Held, error: BaseException, seconds: float) -> None:
         todo = held.todo
@@ -466,13 +463,14 @@ class Worker:
             error=error,
             level=logging.WARNING if dead else logging.INFO,
         )
-        if held.finished is not None:
-            self._finished_hook(held, stored)
+        self._finished_hook(held, stored)
 
     def _finished_hook(self, held: _Held, stored: Todo) -> None:
         """Tell the handler its outcome is stored; its errors are logged, never raised."""
+        if held.finished is None:
+            return
         try:
-            held.finished(stored)  # type: ignore[misc]
+            held.finished(stored)
         except Exception:
             logger.exception("todo %s: the finished hook failed", stored.id)
 

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from django.db import transaction
 from django.db.models.functions import Now
+from django.test.utils import override_settings
 from django.utils import timezone
 
 from switchboard_todos.listen import CHANNEL
@@ -119,4 +120,14 @@ def test_claim_and_complete_do_not_notify(heard: Heard) -> None:
     todo = Todo.objects.claim_next("default", "w1", 30)
     assert todo is not None
     Todo.objects.complete(todo.id, "w1")
+    assert heard() == []
+
+
+@override_settings(SWITCHBOARD_TODOS_LISTEN=False)
+def test_no_notifications_when_listen_is_off(heard: Heard) -> None:
+    """With SWITCHBOARD_TODOS_LISTEN off nobody listens, so enqueueing pays for no NOTIFY."""
+    Todo.objects.create_todo(kind="k")
+    Todo.objects.create_many([{"kind": "k", "queue": "b"}])
+    claimed = Todo.objects.create(kind="k", state=State.CLAIMED, owner="w1")
+    Todo.objects.release(claimed.id, "w1")
     assert heard() == []

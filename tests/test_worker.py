@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connections
 from django.db.models.functions import Now
 
@@ -297,3 +298,49 @@ def test_error_detail_trims_the_traceback_to_the_innermost_frames() -> None:
     assert trace.count(", in ping") + trace.count(", in pong") == 30
     assert trace.rstrip().endswith("RuntimeError: deepdown")
     assert len(trace) <= 8000
+
+
+def test_the_command_runs_a_worker(caplog: pytest.LogCaptureFixture) -> None:
+    """`manage.py todo_worker` parses its options into a Worker, which logs each todo."""
+    todo, _ = Todo.objects.create_todo(queue="mail", kind="test.echo", payload={"to": "x"})
+    with caplog.at_level(logging.INFO, "switchboard_todos.worker"):
+        call_command(
+            "todo_worker",
+            "--queue=mail",
+            "--max-todos=1",
+            "--no-listen",
+            "--poll-interval=0.1",
+            "--owner=cli",
+            "--import-module=tests.worker_handlers",
+        )
+    done = Todo.objects.get(pk=todo.pk)
+    assert (done.state, done.owner, done.result) == (State.DONE, "cli", {"to": "x"})
+    assert f"todo {todo.id} kind=test.echo attempt=1" in caplog.text
+
+
+def test_the_command_refuses_a_module_it_cannot_import() -> None:
+    """--import-module of a missing module is a CommandError before anything is claimed."""
+    with pytest.raises(CommandError, match="--import-module tests.nowhere"):
+        call_command("todo_worker", "--import-module=tests.nowhere", "--max-todos=1")
+
+
+def test_an_idle_worker_polls_at_its_pace(
+    background: Callable[[Worker], Background], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting for the last todo of its budget, a worker backs off instead of spinning."""
+    claims: list[int] = []
+    claim_batch = Todo.objects.claim_batch
+
+    def counting(*args: Any, **kwargs: Any) -> list[Todo]:
+        claimed = claim_batch(*args, **kwargs)
+        claims.append(len(claimed))
+        return claimed
+
+    monkeypatch.setattr(Todo.objects, "claim_batch", counting)
+    Todo.objects.create_todo(kind="test.noop")
+    running = background(Worker(listen=False, poll_interval=0.2, max_todos=2))
+    wait_until(lambda: Todo.objects.filter(state=State.DONE).exists(), "the first todo")
+    time.sleep(1.0)  # idle: about eight polls at most
+    Todo.objects.create_todo(kind="test.noop")
+    assert running.join().done == 2
+    assert len(claims) < 20, f"{len(claims)} claims"

@@ -13,9 +13,10 @@
 --
 -- A statement that makes todos claimable right now also sends NOTIFY switchboard_todos with the
 -- queue name as payload, once per queue and statement (never per row), so that listening
--- workers wake at once. NOTIFY is transactional: it is delivered when the caller's transaction
--- commits, and not at all if it rolls back. The "notified" CTE runs only because the final
--- query references it, hence the always-true "WHERE (SELECT count(*) FROM notified) >= 0".
+-- workers wake at once; %(notify)s (SWITCHBOARD_TODOS_LISTEN) turns that off. NOTIFY is
+-- transactional: it is delivered when the caller's transaction commits, and not at all if it
+-- rolls back. The "notified" CTE runs only because the final query references it, hence the
+-- always-true "WHERE (SELECT count(*) FROM notified) >= 0".
 
 -- name: create_todo
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
@@ -31,7 +32,8 @@ WITH inserted AS (
     RETURNING *
 ),
 notified AS (
-    SELECT pg_notify('switchboard_todos', queue) FROM inserted WHERE next_retry_at IS NULL
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM inserted WHERE next_retry_at IS NULL AND %(notify)s
 )
 SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
@@ -66,7 +68,8 @@ inserted AS (
 ),
 notified AS (
     SELECT pg_notify('switchboard_todos', queue)
-      FROM (SELECT DISTINCT queue FROM inserted WHERE next_retry_at IS NULL) AS claimable
+      FROM (SELECT DISTINCT queue FROM inserted WHERE next_retry_at IS NULL AND %(notify)s)
+           AS claimable
 )
 SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
@@ -214,7 +217,7 @@ RETURNING *
 ),
 notified AS (
     SELECT pg_notify('switchboard_todos', queue)
-      FROM failed WHERE state = 'pending' AND next_retry_at <= now()
+      FROM failed WHERE state = 'pending' AND next_retry_at <= now() AND %(notify)s
 )
 SELECT * FROM failed WHERE (SELECT count(*) FROM notified) >= 0;
 
@@ -232,7 +235,8 @@ UPDATE todos
 RETURNING *
 ),
 notified AS (
-    SELECT pg_notify('switchboard_todos', queue) FROM released WHERE next_retry_at IS NULL
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM released WHERE next_retry_at IS NULL AND %(notify)s
 )
 SELECT * FROM released WHERE (SELECT count(*) FROM notified) >= 0;
 
@@ -264,7 +268,8 @@ reaped AS (
 ),
 notified AS (
     SELECT pg_notify('switchboard_todos', queue)
-      FROM (SELECT DISTINCT queue FROM reaped WHERE state = 'pending') AS claimable
+      FROM (SELECT DISTINCT queue FROM reaped WHERE state = 'pending' AND %(notify)s)
+           AS claimable
 )
 SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
        count(*) FILTER (WHERE state = 'failed') AS dead_lettered
@@ -287,7 +292,7 @@ UPDATE todos
 RETURNING *
 ),
 notified AS (
-    SELECT pg_notify('switchboard_todos', queue) FROM requeued
+    SELECT pg_notify('switchboard_todos', queue) FROM requeued WHERE %(notify)s
 )
 SELECT * FROM requeued WHERE (SELECT count(*) FROM notified) >= 0;
 

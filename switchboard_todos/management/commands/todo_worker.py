@@ -83,8 +83,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--batch-size",
             type=_argument(_count("batch-size", validation.CLAIM_BATCH_LIMIT)),
-            default=50,
-            help="Most todos claimed at once, for quick handlers (default: 50).",
+            default=100,
+            help="Most todos claimed at once, for quick handlers (default: 100).",
         )
         parser.add_argument(
             "--owner",
