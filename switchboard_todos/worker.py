@@ -40,7 +40,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError, connections, router
 from django.utils import timezone
 
 from switchboard_todos import handlers, validation
@@ -142,7 +142,6 @@ class Worker:
         poll_interval: float = 1.0,
         max_todos: int | None = None,
         max_seconds: float | None = None,
-        database: str = DEFAULT_DB_ALIAS,
     ) -> None:
         self.queues = validation.queues(queues)
         self.owner = validation.owner(owner if owner is not None else default_owner())
@@ -165,7 +164,7 @@ class Worker:
                 max_seconds, "max_seconds", maximum=timedelta(days=366), allow_zero=False
             ).total_seconds()
         )
-        self.database = database
+        self.database = router.db_for_write(Todo)
         self.stats = WorkerStats()
         self._prefetch_window = min(PREFETCH_WINDOW, self.ttl / 10)
         self._doorbell = Doorbell(self.queues, capacity=self.concurrency)
@@ -183,9 +182,8 @@ class Worker:
     # Running and stopping
 
     def run(self) -> WorkerStats:
-        """Work until stopped; return what was done."""
+        """Work until stopped; return what was done. A Worker runs once."""
         handlers.autodiscover()
-        restore = self._install_signal_handlers()
         logger.info(
             "worker %s: queues %s, concurrency %d, ttl %gs, %s",
             self.owner,
@@ -194,28 +192,30 @@ class Worker:
             self.ttl,
             "listening" if self.listen else "polling",
         )
-        if self.listen:
-            self._listener = Listener(self.database)
-            self._listener.subscribe(self._doorbell)
+        restore = self._install_signal_handlers()
         heartbeat = threading.Thread(target=self._heartbeats, name="todo-heartbeat", daemon=True)
-        heartbeat.start()
-        for runner in self._runners:
-            # Daemons: the runners of an aborted worker may still be inside a handler, and must
-            # not keep the process alive; their todos are released already.
-            thread = threading.Thread(
-                target=self._run_runner,
-                args=(runner,),
-                name=f"todo-runner-{runner.index}",
-                daemon=True,
-            )
-            thread.start()
-            self._threads.append(thread)
         try:
+            if self.listen:
+                self._listener = Listener(self.database)
+                self._listener.subscribe(self._doorbell)
+            heartbeat.start()
+            for runner in self._runners:
+                # Daemons: the runners of an aborted worker may still be inside a handler, and
+                # must not keep the process alive; their todos are released already.
+                thread = threading.Thread(
+                    target=self._run_runner,
+                    args=(runner,),
+                    name=f"todo-runner-{runner.index}",
+                    daemon=True,
+                )
+                thread.start()
+                self._threads.append(thread)
             self._supervise()
         finally:
             restore()
             self._finished.set()
-            heartbeat.join()
+            if heartbeat.is_alive():
+                heartbeat.join()
             if self._listener is not None:
                 self._listener.stop()
         logger.info("worker %s stopped: %s", self.owner, self.stats)
