@@ -83,9 +83,14 @@ SELECT todos.*, false AS created
 -- Claim up to %(limit)s of the longest-claimable todos in %(queues)s for %(owner)s.
 -- Each queue is its own index scan that stops at the first unlocked rows, so the cost does not
 -- grow with the backlog; a plain "queue = ANY(...) ORDER BY" would sort the whole backlog.
+-- The queues and the limit are read through "(SELECT ...)" so that the planner cannot plan for
+-- their values: every call then has the same plan, and a prepared claim keeps its generic plan
+-- instead of being planned anew each time (planning costs more than running it). The plan's
+-- shape does not depend on them anyway, and "= ANY (ARRAY(...))" keeps the update on the
+-- primary key whatever number of rows the planner expects.
 WITH ready AS MATERIALIZED (
     SELECT candidate.id, candidate.created_at AS claimable_at
-      FROM unnest(%(queues)s::text[]) AS wanted (queue)
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
             SELECT id, created_at
               FROM todos
@@ -93,13 +98,13 @@ WITH ready AS MATERIALIZED (
                AND queue = wanted.queue
                AND (assignee IS NULL OR assignee = %(owner)s)
              ORDER BY created_at
-             LIMIT %(limit)s
+             LIMIT (SELECT %(limit)s::int)
                FOR UPDATE SKIP LOCKED
            ) AS candidate
 ),
 due AS MATERIALIZED (
     SELECT candidate.id, candidate.next_retry_at AS claimable_at
-      FROM unnest(%(queues)s::text[]) AS wanted (queue)
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
             SELECT id, next_retry_at
               FROM todos
@@ -108,7 +113,7 @@ due AS MATERIALIZED (
                AND next_retry_at <= now()
                AND (assignee IS NULL OR assignee = %(owner)s)
              ORDER BY next_retry_at
-             LIMIT %(limit)s
+             LIMIT (SELECT %(limit)s::int)
                FOR UPDATE SKIP LOCKED
            ) AS candidate
 ),
@@ -118,18 +123,18 @@ lapsed AS MATERIALIZED (
      WHERE state = 'claimed'
        AND lease_expires_at <= now()
        AND attempt < max_attempts
-       AND queue = ANY (%(queues)s::text[])
+       AND queue = ANY ((SELECT %(queues)s::text[])::text[])
        AND (assignee IS NULL OR assignee = %(owner)s)
      ORDER BY lease_expires_at
-     LIMIT %(limit)s
+     LIMIT (SELECT %(limit)s::int)
        FOR UPDATE SKIP LOCKED
 ),
-picked AS (
+picked AS MATERIALIZED (
     SELECT id, claimable_at
       FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
            AS claimable
      ORDER BY claimable_at
-     LIMIT %(limit)s
+     LIMIT (SELECT %(limit)s::int)
 ),
 claimed AS (
     UPDATE todos
@@ -145,11 +150,12 @@ claimed AS (
                             'message', 'The lease lapsed before complete, fail or release.')))
                     ELSE errors END,
            updated_at = now()
-      FROM picked
-     WHERE todos.id = picked.id
-    RETURNING todos.*, picked.claimable_at
+     WHERE id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING todos.*
 )
-SELECT * FROM claimed ORDER BY claimable_at;
+SELECT claimed.*, picked.claimable_at
+  FROM claimed JOIN picked ON picked.id = claimed.id
+ ORDER BY picked.claimable_at;
 
 -- name: claim
 -- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left.
