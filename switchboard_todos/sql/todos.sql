@@ -83,51 +83,63 @@ SELECT todos.*, false AS created
 -- Claim up to %(limit)s of the longest-claimable todos in %(queues)s for %(owner)s.
 -- Each queue is its own index scan that stops at the first unlocked rows, so the cost does not
 -- grow with the backlog; a plain "queue = ANY(...) ORDER BY" would sort the whole backlog.
--- The queues and the limit are read through "(SELECT ...)" so that the planner cannot plan for
--- their values: every call then has the same plan, and a prepared claim keeps its generic plan
--- instead of being planned anew each time (planning costs more than running it). The plan's
--- shape does not depend on them anyway, and "= ANY (ARRAY(...))" keeps the update on the
--- primary key whatever number of rows the planner expects.
+-- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
+-- at each call, which costs more than running it. So the planner must not see the queues and
+-- the limit, read through "(SELECT ...)": every call then gets the same plan, and the generic
+-- one wins. Each scan locks rows under a constant "LIMIT 1000" (the largest claim_batch
+-- limit) and yields them to the real limit above it, which stops pulling, hence locking, at
+-- %(limit)s rows: the constant keeps the plan's estimated cost small however large the
+-- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
+-- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
 WITH ready AS MATERIALIZED (
     SELECT candidate.id, candidate.created_at AS claimable_at
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
-            SELECT id, created_at
-              FROM todos
-             WHERE state = 'pending' AND next_retry_at IS NULL
-               AND queue = wanted.queue
-               AND (assignee IS NULL OR assignee = %(owner)s)
-             ORDER BY created_at
-             LIMIT (SELECT %(limit)s::int)
-               FOR UPDATE SKIP LOCKED
+            SELECT * FROM (
+                SELECT id, created_at
+                  FROM todos
+                 WHERE state = 'pending' AND next_retry_at IS NULL
+                   AND queue = wanted.queue
+                   AND (assignee IS NULL OR assignee = %(owner)s)
+                 ORDER BY created_at
+                 LIMIT 1000
+                   FOR UPDATE SKIP LOCKED
+            ) AS locked
+            LIMIT (SELECT %(limit)s::int)
            ) AS candidate
 ),
 due AS MATERIALIZED (
     SELECT candidate.id, candidate.next_retry_at AS claimable_at
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
-            SELECT id, next_retry_at
-              FROM todos
-             WHERE state = 'pending' AND next_retry_at IS NOT NULL
-               AND queue = wanted.queue
-               AND next_retry_at <= now()
-               AND (assignee IS NULL OR assignee = %(owner)s)
-             ORDER BY next_retry_at
-             LIMIT (SELECT %(limit)s::int)
-               FOR UPDATE SKIP LOCKED
+            SELECT * FROM (
+                SELECT id, next_retry_at
+                  FROM todos
+                 WHERE state = 'pending' AND next_retry_at IS NOT NULL
+                   AND queue = wanted.queue
+                   AND next_retry_at <= now()
+                   AND (assignee IS NULL OR assignee = %(owner)s)
+                 ORDER BY next_retry_at
+                 LIMIT 1000
+                   FOR UPDATE SKIP LOCKED
+            ) AS locked
+            LIMIT (SELECT %(limit)s::int)
            ) AS candidate
 ),
 lapsed AS MATERIALIZED (
-    SELECT id, lease_expires_at AS claimable_at
-      FROM todos
-     WHERE state = 'claimed'
-       AND lease_expires_at <= now()
-       AND attempt < max_attempts
-       AND queue = ANY ((SELECT %(queues)s::text[])::text[])
-       AND (assignee IS NULL OR assignee = %(owner)s)
-     ORDER BY lease_expires_at
-     LIMIT (SELECT %(limit)s::int)
-       FOR UPDATE SKIP LOCKED
+    SELECT * FROM (
+        SELECT id, lease_expires_at AS claimable_at
+          FROM todos
+         WHERE state = 'claimed'
+           AND lease_expires_at <= now()
+           AND attempt < max_attempts
+           AND queue = ANY ((SELECT %(queues)s::text[])::text[])
+           AND (assignee IS NULL OR assignee = %(owner)s)
+         ORDER BY lease_expires_at
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED
+    ) AS locked
+    LIMIT (SELECT %(limit)s::int)
 ),
 picked AS MATERIALIZED (
     SELECT id, claimable_at
