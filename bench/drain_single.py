@@ -34,7 +34,7 @@ def ours(child: Child, *, owner: str) -> int:
 
 
 def run(bench: Bench) -> None:
-    backlog = bench.size(full=6000, smoke=60)
+    backlog = bench.size(full=4000, smoke=60)
     for workers in bench.workers:
         figures = bench.interleave(
             {

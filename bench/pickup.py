@@ -160,5 +160,5 @@ def measure(bench: Bench, listen: bool, count: int, low: float, high: float) -> 
 
 
 def run(bench: Bench) -> None:
-    measure(bench, True, bench.size(full=200, smoke=10), 0.02, 0.06)
-    measure(bench, False, bench.size(full=60, smoke=5), 0.1, 0.3)
+    measure(bench, True, bench.size(full=100, smoke=10), 0.02, 0.06)
+    measure(bench, False, bench.size(full=40, smoke=5), 0.1, 0.3)
