@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from bench.harness import Bench, Pool, table
-from bench.setup import configure
+from bench.setup import NO_PREPARE, configure
 
 SCENARIOS = ("enqueue", "batch_enqueue", "drain_single", "drain_worker", "pickup", "claim_scale")
 
@@ -34,6 +34,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="process counts of the drain scenarios (default 1 4 8, smoke 1 2)",
     )
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run these scenarios only")
+    parser.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="our side with SWITCHBOARD_TODOS_PREPARE = False (as behind PgBouncer)",
+    )
     return parser.parse_args(argv)
 
 
@@ -60,10 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
     rounds = options.rounds or (1 if options.smoke else 5)
     workers = tuple(options.workers or ((1, 2) if options.smoke else (1, 4, 8)))
+    if options.no_prepare:
+        os.environ[NO_PREPARE] = "1"
     configure()
     print(describe_machine())
     print(
-        f"{'smoke' if options.smoke else 'full'} size, {rounds} round(s) per figure\n", flush=True
+        f"{'smoke' if options.smoke else 'full'} size, {rounds} round(s) per figure, "
+        f"statements {'not ' if options.no_prepare else ''}prepared\n",
+        flush=True,
     )
     pool = Pool(max(workers))
     bench = Bench(smoke=options.smoke, rounds=rounds, pool=pool, workers=workers)

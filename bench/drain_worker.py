@@ -7,11 +7,10 @@ each of ours is a `Worker` with one runner thread and its default batching.
 
 from __future__ import annotations
 
-import threading
 from functools import partial
 
 from bench import raw
-from bench.harness import QUEUE, Bench, Child, Row, Target, plural
+from bench.harness import Bench, Child, Row, Target, plural, run_worker
 
 #: The worker should reach this share of the raw 50-per-batch loop's rate.
 TARGET = Target(ratio=0.7)
@@ -24,24 +23,7 @@ def noop(todo: object) -> None:
 
 def ours(child: Child, *, owner: str) -> int:
     """Run a Worker on the queue until the parent has seen every todo done."""
-    from switchboard_todos import handlers
-    from switchboard_todos.worker import Worker
-
-    if handlers.get_handler("bench.noop") is None:
-        handlers.handler("bench.noop")(noop)
-    worker = Worker(QUEUE, owner=owner, ttl=300)
-
-    def report() -> None:
-        while not child.stop.wait(0.002):
-            child.set_count(worker.stats.done)
-        worker.stop()
-
-    watcher = threading.Thread(target=report, daemon=True)
-    child.start()
-    watcher.start()
-    stats = worker.run()
-    watcher.join()
-    return stats.done
+    return run_worker(child, "bench.noop", noop, owner=owner)
 
 
 def run(bench: Bench) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import multiprocessing
 import statistics
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -139,6 +140,32 @@ class Child:
 
     def set_count(self, todos: int) -> None:
         self._counts[self.index] = todos
+
+
+def run_worker(child: Child, kind: str, handler: Callable[[Any], Any], **options: Any) -> int:
+    """Run a real `Worker` on the queue, `handler` registered for `kind`, until told to stop.
+
+    A watcher thread publishes the todos it has stored as done, which is what the parent
+    counts, and stops the worker when the parent has seen them all.
+    """
+    from switchboard_todos import handlers
+    from switchboard_todos.worker import Worker
+
+    if handlers.get_handler(kind) is None:
+        handlers.handler(kind)(handler)
+    worker = Worker(QUEUE, ttl=TTL, **options)
+
+    def report() -> None:
+        while not child.stop.wait(_TICK):
+            child.set_count(worker.stats.done)
+        worker.stop()
+
+    watcher = threading.Thread(target=report, daemon=True)
+    child.start()
+    watcher.start()
+    stats = worker.run()
+    watcher.join()
+    return stats.done
 
 
 def _child_main(index: int, pipe: Connection, go: Event, stop: Event, counts: Any) -> None:

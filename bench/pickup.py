@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import random
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 
 from bench import raw
-from bench.harness import QUEUE, TTL, Bench, Child, Row, Target, reset
+from bench.harness import QUEUE, TTL, Bench, Child, Row, Target, reset, run_worker
 
 #: A todo enqueued while the worker waits should start within this, in milliseconds.
 TARGET = Target(below=10.0)
@@ -44,24 +43,7 @@ def started(todo: object) -> float:
 
 def ours(child: Child, *, listen: bool) -> int:
     """Run a Worker until the parent has seen every todo done."""
-    from switchboard_todos import handlers
-    from switchboard_todos.worker import Worker
-
-    if handlers.get_handler("bench.pickup") is None:
-        handlers.handler("bench.pickup")(started)
-    worker = Worker(QUEUE, owner="bench-pickup", ttl=TTL, listen=listen)
-
-    def report() -> None:
-        while not child.stop.wait(0.002):
-            child.set_count(worker.stats.done)
-        worker.stop()
-
-    watcher = threading.Thread(target=report, daemon=True)
-    child.start()
-    watcher.start()
-    stats = worker.run()
-    watcher.join()
-    return stats.done
+    return run_worker(child, "bench.pickup", started, owner="bench-pickup", listen=listen)
 
 
 def reference(child: Child, *, listen: bool) -> dict[str, float]:

@@ -16,6 +16,8 @@ from psycopg import sql
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/switchboard_bench"
 BENCH_DATABASE = "switchboard_bench"
+#: Set (by `--no-prepare`) to run our side with SWITCHBOARD_TODOS_PREPARE = False.
+NO_PREPARE = "BENCH_NO_PREPARE"
 
 
 def database_url() -> str:
@@ -40,10 +42,14 @@ def configure(*, migrate: bool = True) -> str:
             ).fetchone()
             if not exists:
                 admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    # Child processes inherit these, and with them the same database.
+    # Child processes inherit these, and with them the same database and settings.
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     django.setup()
+    if os.environ.get(NO_PREPARE):
+        from django.conf import settings
+
+        settings.SWITCHBOARD_TODOS_PREPARE = False
     if migrate:
         from django.core.management import call_command
 

@@ -77,13 +77,13 @@ def test_a_claim_locks_only_the_todos_it_takes(claimable: str) -> None:
     the claim's own limit.
     """
     past = Now() - timedelta(seconds=5)
-    fields: dict[str, Any] = {
+    states: dict[str, dict[str, Any]] = {
         "ready": {},
         "due": {"next_retry_at": past},
         "lapsed": {"state": State.CLAIMED, "owner": "w0", "lease_expires_at": past},
-    }[claimable]
+    }
     for _ in range(5):
-        Todo.objects.create(kind=claimable, **fields)
+        Todo.objects.create(kind=claimable, **states[claimable])
     with transaction.atomic():
         first = Todo.objects.claim_batch("default", "w1", 60, limit=2)
         [second] = run_in_threads(
