@@ -307,8 +307,9 @@ class TodoManager(models.Manager["Todo"]):
 
     def dead_letter_many(self, todo_ids: Iterable[str], reason: str) -> BatchResult:
         """Cancel many pending todos in one statement."""
-        params = {"ids": validation.todo_ids(todo_ids), "reason": validation.reason(reason)}
-        return self._batch_result("dead_letter", params["ids"], self._rows("dead_letter", params))
+        ids = validation.todo_ids(todo_ids)
+        changed = self._rows("dead_letter", {"ids": ids, "reason": validation.reason(reason)})
+        return self._batch_result("dead_letter", ids, changed)
 
     # The machinery every transition shares
 
