@@ -73,6 +73,10 @@ class Event(models.Model):
     class Meta:
         db_table = "events"
         ordering = ["-received_at"]
+        indexes = [
+            # The admin's event list, newest first, without sorting the table.
+            models.Index(fields=["received_at"], name="idx_events_received"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["source", "delivery_id"],
@@ -171,6 +175,42 @@ class Todo(models.Model):
                 fields=["event"],
                 condition=Q(event__isnull=False),
                 name="idx_todos_event",
+            ),
+            # The admin (see admin.py). The changelist's default order, newest first, and its date
+            # hierarchy: a page is the first 100 entries of this index, not a sort of the table.
+            models.Index(fields=["created_at"], name="idx_todos_created"),
+            # The queue filter's page (an index range, not a filtered walk of every todo) and its
+            # list of queues, read by skipping from one queue to the next (stats.distinct_values).
+            models.Index(fields=["queue", "created_at"], name="idx_todos_queue"),
+            # Dead letters: the admin's dead-letter list, newest first, and the batches that
+            # requeue them all; with the queue included, the health page counts them per queue
+            # from the index alone. Small: only failed todos are in it.
+            models.Index(
+                fields=["created_at"],
+                include=["queue"],
+                condition=Q(state=State.FAILED),
+                name="idx_todos_dead",
+            ),
+            # "Done in the last 24 hours" per queue on the health page, from the index alone; and
+            # finding done todos by age when purging them.
+            models.Index(
+                fields=["completed_at"],
+                include=["queue"],
+                condition=Q(state=State.DONE),
+                name="idx_todos_done",
+            ),
+            # The admin's search by idempotency key, in every state (idx_todos_dedupe covers only
+            # live todos, and needs the queue).
+            models.Index(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="idx_todos_key",
+            ),
+            # The assignee filter and its list of assignees; few todos are assigned.
+            models.Index(
+                fields=["assignee"],
+                condition=Q(assignee__isnull=False),
+                name="idx_todos_assignee",
             ),
         ]
 
