@@ -12,36 +12,54 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('switchboard_todos', '0002_drop_like_indexes'),
+        ("switchboard_todos", "0002_drop_like_indexes"),
     ]
 
     operations = [
         AddIndexConcurrently(
-            model_name='event',
-            index=models.Index(fields=['received_at'], name='idx_events_received'),
+            model_name="event",
+            index=models.Index(fields=["received_at"], name="idx_events_received"),
         ),
         AddIndexConcurrently(
-            model_name='todo',
-            index=models.Index(fields=['created_at'], name='idx_todos_created'),
+            model_name="todo",
+            index=models.Index(fields=["created_at"], name="idx_todos_created"),
         ),
         AddIndexConcurrently(
-            model_name='todo',
-            index=models.Index(fields=['queue', 'created_at'], name='idx_todos_queue'),
+            model_name="todo",
+            index=models.Index(fields=["queue", "created_at"], name="idx_todos_queue"),
         ),
         AddIndexConcurrently(
-            model_name='todo',
-            index=models.Index(condition=models.Q(('state', 'failed')), fields=['created_at'], include=('queue',), name='idx_todos_dead'),
+            model_name="todo",
+            index=models.Index(
+                condition=models.Q(("state", "failed")),
+                fields=["created_at"],
+                include=("queue",),
+                name="idx_todos_dead",
+            ),
         ),
         AddIndexConcurrently(
-            model_name='todo',
-            index=models.Index(condition=models.Q(('state', 'done')), fields=['completed_at'], include=('queue',), name='idx_todos_done'),
+            model_name="todo",
+            index=models.Index(
+                condition=models.Q(("state", "done")),
+                fields=["completed_at"],
+                include=("queue",),
+                name="idx_todos_done",
+            ),
         ),
         AddIndexConcurrently(
-            model_name='todo',
-            index=models.Index(condition=models.Q(('idempotency_key__isnull', False)), fields=['idempotency_key'], name='idx_todos_key'),
+            model_name="todo",
+            index=models.Index(
+                condition=models.Q(("idempotency_key__isnull", False)),
+                fields=["idempotency_key"],
+                name="idx_todos_key",
+            ),
         ),
         AddIndexConcurrently(
-            model_name='todo',
-            index=models.Index(condition=models.Q(('assignee__isnull', False)), fields=['assignee'], name='idx_todos_assignee'),
+            model_name="todo",
+            index=models.Index(
+                condition=models.Q(("assignee__isnull", False)),
+                fields=["assignee"],
+                name="idx_todos_assignee",
+            ),
         ),
     ]
