@@ -41,7 +41,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from switchboard_todos import stats
-from switchboard_todos.bulk import BulkOutcome, apply_in_batches
+from switchboard_todos.bulk import BATCH_SIZE, BulkOutcome, apply_in_batches
 from switchboard_todos.managers import BatchResult
 from switchboard_todos.models import Event, State, Todo
 from switchboard_todos.validation import REASON_MAX_LENGTH
@@ -465,6 +465,8 @@ class TodoAdmin(_TodoAdmin):
     ]
     #: No new batch starts after this many seconds of one action; the message says what is left.
     action_time_limit = 20.0
+    #: Todos per guarded statement (and per LogEntry insert) when an action runs.
+    action_batch_size = BATCH_SIZE
 
     # Read-only: changes are actions; deleting is purging's job (manage.py purge_todos).
 
@@ -705,7 +707,11 @@ class TodoAdmin(_TodoAdmin):
             )
 
         outcome = apply_in_batches(
-            queryset, operation.run, time_limit=self.action_time_limit, on_batch=log
+            queryset,
+            operation.run,
+            batch_size=self.action_batch_size,
+            time_limit=self.action_time_limit,
+            on_batch=log,
         )
         self.report(request, outcome, operation.done)
         return outcome

@@ -172,7 +172,7 @@ def recent_kinds(recent: int = RECENT_TODOS, limit: int = VALUES_LIMIT) -> list[
 
 def format_age(age: timedelta) -> str:
     """A duration in its two largest units: "3 d 4 h", "2 h 5 min", "12 min 5 s", "0 s"."""
-    seconds = max(int(age.total_seconds()), 0)
+    seconds = max(round(age.total_seconds()), 0)
     parts: list[str] = []
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
         count, seconds = divmod(seconds, size)
