@@ -729,7 +729,7 @@ class TodoAdmin(_TodoAdmin):
             )
         elif not outcome.refused:
             self.message_user(request, f"No todos {done}: none matched.", messages.WARNING)
-        for reason, ids in outcome.refused.items():
+        for reason, ids in sorted(outcome.refused.items()):
             listed = ", ".join(ids[:IDS_SHOWN])
             if len(ids) > IDS_SHOWN:
                 listed += f" and {localize(len(ids) - IDS_SHOWN)} more"
