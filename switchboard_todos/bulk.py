@@ -33,6 +33,12 @@ class BulkOutcome:
     def refused_count(self) -> int:
         return sum(len(ids) for ids in self.refused.values())
 
+    def add(self, result: BatchResult) -> None:
+        """Count in one batch's result."""
+        self.changed += len(result.changed)
+        for todo_id, reason in result.refused.items():
+            self.refused.setdefault(reason, []).append(todo_id)
+
 
 def apply_in_batches(
     queryset: QuerySet[Todo],
@@ -56,9 +62,7 @@ def apply_in_batches(
         if not rows:
             return outcome
         result = operation([todo_id for _, todo_id in rows])
-        outcome.changed += len(result.changed)
-        for todo_id, reason in result.refused.items():
-            outcome.refused.setdefault(reason, []).append(todo_id)
+        outcome.add(result)
         if on_batch is not None:
             on_batch(result)
         last_created, last_id = rows[-1]
