@@ -22,8 +22,12 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # Serves the admin's CSS and JavaScript to the browser test (pytest-django's live_server).
+    "django.contrib.staticfiles",
     "switchboard_todos",
 ]
+
+STATIC_URL = "static/"
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
