@@ -389,6 +389,8 @@ class TodoAdmin(_TodoAdmin):
     )
     list_per_page = 100
     show_full_result_count = False
+    # Facets count every filter choice over the whole list on each page view.
+    show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
     actions = ["requeue_selected", "expire_lease_selected", "dead_letter_selected"]
     fieldsets = [
@@ -463,6 +465,10 @@ class TodoAdmin(_TodoAdmin):
         "result_json",
         "failure_history",
     ]
+
+    class Media:
+        css = {"all": ["switchboard_todos/admin.css"]}
+
     #: No new batch starts after this many seconds of one action; the message says what is left.
     action_time_limit = 20.0
     #: Todos per guarded statement (and per LogEntry insert) when an action runs.
@@ -765,8 +771,27 @@ class TodoAdmin(_TodoAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        extra = {"can_requeue": self.has_requeue_permission(request), **(extra_context or {})}
-        return super().changelist_view(request, extra)
+        return super().changelist_view(
+            request, {**self._permissions(request), **(extra_context or {})}
+        )
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {**self._permissions(request), **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra)
+
+    def _permissions(self, request: HttpRequest) -> dict[str, bool]:
+        """Which repairs the user may make, for the templates' buttons and links."""
+        return {
+            "can_requeue": self.has_requeue_permission(request),
+            "can_expire_lease": self.has_expire_lease_permission(request),
+            "can_dead_letter": self.has_dead_letter_permission(request),
+        }
 
     def health_view(self, request: HttpRequest) -> HttpResponse:
         """Per-queue counts and a bar chart of them, from partial indexes only."""
@@ -919,6 +944,7 @@ class EventAdmin(_EventAdmin):
     search_help_text = _("An event id (ev_…) or a delivery id, matched exactly.")
     list_per_page = 100
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
     fields = readonly_fields = (
         "id",

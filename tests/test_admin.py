@@ -140,9 +140,18 @@ def test_a_large_table_is_counted_from_the_statistics(
         filtered = admin_client.get(CHANGELIST + "?state__exact=pending")
     finally:
         EstimatedCountPaginator.exact_limit = 10_000
-    assert "about 30 todos (an estimate" in page
+    assert "30 todos" in page and "PostgreSQL's estimate" in page
     assert filtered.context["cl"].paginator.count_is_estimate
     assert filtered.context["cl"].result_count >= 11
+
+
+def test_the_list_offers_no_facet_counts(admin_client: Client, make_todo: MakeTodo) -> None:
+    """Facets would count every filter choice over the table on each page view: they are off."""
+    make_todo()
+    assert "_facets" not in admin_client.get(CHANGELIST).content.decode()
+    with CaptureQueriesContext(connection) as queries:
+        admin_client.get(CHANGELIST + "?_facets=True")
+    assert sum("COUNT(" in q["sql"].upper() for q in queries.captured_queries) <= 1
 
 
 def test_the_list_leaves_out_the_json_columns(admin_client: Client, make_todo: MakeTodo) -> None:
@@ -364,6 +373,40 @@ def test_a_todo_cannot_be_added_edited_or_deleted(
     assert admin_client.get(f"{CHANGELIST}{todo.pk}/delete/").status_code == 403
     actions = dict(admin_client.get(CHANGELIST).context["action_form"].fields["action"].choices)
     assert "delete_selected" not in actions
+
+
+@pytest.mark.parametrize(
+    ("state", "action", "codename"),
+    [
+        (State.FAILED, "requeue_selected", "requeue_todo"),
+        (State.CLAIMED, "expire_lease_selected", "expire_lease_todo"),
+        (State.PENDING, "dead_letter_selected", "dead_letter_todo"),
+    ],
+)
+def test_the_detail_page_offers_the_repair_its_state_allows(
+    operator: Callable[..., Client], make_todo: MakeTodo, state: str, action: str, codename: str
+) -> None:
+    """A button for the one action that fits the state, shown only with its permission."""
+    todo = make_todo(state=state)
+    others = set(ACTIONS) - {action}
+    page = operator("view_todo", *[code for code, _ in ACTIONS.values()]).get(change_url(todo))
+    html = page.content.decode()
+    assert f'value="{action}"' in html and not any(f'value="{o}"' in html for o in others)
+    assert f'value="{action}"' not in operator("view_todo").get(change_url(todo)).content.decode()
+
+
+def test_the_requeue_button_requeues_and_shows_the_todo(
+    admin_client: Client, make_todo: MakeTodo
+) -> None:
+    """The button posts the action for this todo; the list then shows just it, requeued."""
+    todo = make_todo(state=State.FAILED)
+    response = admin_client.post(
+        f"{CHANGELIST}?q={todo.pk}",
+        {"action": "requeue_selected", "index": "0", "_selected_action": [todo.pk]},
+        follow=True,
+    )
+    assert messages_of(response) == ["1 todo requeued."]
+    assert [t.state for t in response.context["cl"].result_list] == [State.PENDING]
 
 
 # Actions
