@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -89,6 +90,74 @@ def populate(total: int) -> None:
         cursor.execute("VACUUM ANALYZE todos")
 
 
+#: The indexes migration 0003 adds to `todos` for the admin (see Todo.Meta.indexes).
+ADMIN_INDEXES = {
+    "idx_todos_created",
+    "idx_todos_queue",
+    "idx_todos_dead",
+    "idx_todos_done",
+    "idx_todos_key",
+    "idx_todos_assignee",
+}
+
+#: A todo's life in bulk: enqueue, claim, heartbeat, complete; %(n)s todos at a time.
+LIFECYCLE = [
+    (
+        "insert",
+        "INSERT INTO bench_todos (id, queue, kind, idempotency_key) "
+        "SELECT 'td_' || gen_random_uuid(), 'q' || n %% 8, 'k', 'key-' || n "
+        "FROM generate_series(1, %(n)s) AS n",
+    ),
+    (
+        "claim",
+        "UPDATE bench_todos SET state = 'claimed', owner = 'w', attempt = attempt + 1, "
+        "lease_expires_at = now() + interval '30 seconds', claimed_at = now() "
+        "WHERE state = 'pending'",
+    ),
+    (
+        "heartbeat",
+        "UPDATE bench_todos SET lease_expires_at = now() + interval '60 seconds' "
+        "WHERE state = 'claimed'",
+    ),
+    (
+        "complete",
+        "UPDATE bench_todos SET state = 'done', result = '{}', lease_expires_at = NULL, "
+        "completed_at = now() WHERE state = 'claimed'",
+    ),
+]
+
+
+def write_cost(count: int) -> None:
+    """Time a bulk lifecycle on a copy of `todos` with and without the admin's indexes."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'todos'")
+        definitions = [row[0] for row in cursor.fetchall()]
+        totals = {}
+        for variant in ("without", "with"):
+            cursor.execute("DROP TABLE IF EXISTS bench_todos")
+            cursor.execute("CREATE TABLE bench_todos (LIKE todos INCLUDING DEFAULTS)")
+            for definition in definitions:
+                name = re.search(r"INDEX (\w+) ON", definition)
+                if variant == "without" and name and name.group(1) in ADMIN_INDEXES:
+                    continue
+                cursor.execute(
+                    re.sub(
+                        r"INDEX (\w+) ON (\w+\.)?todos ",
+                        r"INDEX bench_\1 ON bench_todos ",
+                        definition,
+                    )
+                )
+            steps = []
+            for step, sql in LIFECYCLE:
+                started = time.perf_counter()
+                cursor.execute(sql, {"n": count})
+                steps.append(f"{step} {(time.perf_counter() - started) * 1000:.0f} ms")
+            totals[variant] = sum(float(part.split()[1]) for part in steps)
+            print(f"  {variant:7} admin indexes: " + ", ".join(steps))
+        cursor.execute("DROP TABLE bench_todos")
+    print(f"  lifecycle cost with / without: {totals['with'] / totals['without']:.2f}x")
+
+
 def measure(client: Client, url: str, repeat: int) -> tuple[int, float]:
     """(queries, median milliseconds) of GET `url`, after one warm-up request."""
     assert client.get(url).status_code == 200, url
@@ -119,6 +188,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--populate", type=int, metavar="N", help="fill the table with N todos")
     parser.add_argument("--repeat", type=int, default=5, help="requests per page (median)")
+    parser.add_argument(
+        "--write-cost",
+        type=int,
+        metavar="N",
+        help="also time enqueue/claim/heartbeat/complete of N todos with and without the "
+        "admin's indexes (on a scratch copy of the table)",
+    )
     args = parser.parse_args()
     if connection.settings_dict["NAME"].startswith("test_"):
         raise SystemExit("Refusing to run against a test database.")
@@ -130,8 +206,13 @@ def main() -> None:
     client = Client()
     client.force_login(user)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id, idempotency_key FROM todos WHERE state = 'failed' LIMIT 1")
+        cursor.execute(
+            "SELECT id, idempotency_key FROM todos "
+            "WHERE state = 'failed' AND idempotency_key IS NOT NULL LIMIT 1"
+        )
         dead_id, dead_key = cursor.fetchone()
+        cursor.execute("SELECT kind FROM todos ORDER BY created_at DESC LIMIT 1")
+        (kind,) = cursor.fetchone()
         cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'todos'::regclass")
         rows = cursor.fetchone()[0]
     base = "/admin/switchboard_todos/todo/"
@@ -141,9 +222,12 @@ def main() -> None:
         ("dead-lettered", f"{base}?attention=dead"),
         ("lease expired", f"{base}?attention=lease_expired"),
         ("queue = billing", f"{base}?queue=billing"),
-        ("kind = mail.send", f"{base}?kind=mail.send"),
+        (f"kind = {kind}", f"{base}?kind={kind}"),
+        ("kind = (none has it)", f"{base}?kind=no.such.kind"),
         ("search by id", f"{base}?q={dead_id}"),
         ("search by key", f"{base}?q={dead_key}"),
+        ("search titles (a word)", f"{base}?q=number+12345"),
+        ("search titles (no match)", f"{base}?q=nothing+matches"),
         ("one day (hierarchy)", _one_day(base)),
         ("todo detail", f"{base}{dead_id}/change/"),
         ("queue health", f"{base}health/"),
@@ -165,6 +249,9 @@ def main() -> None:
     ]
     for name, run in avoided:
         print(f"{name:32} {run():>8.1f} ms")
+    if args.write_cost:
+        print(f"write cost of the admin's indexes, {args.write_cost:,} todos:")
+        write_cost(args.write_cost)
 
 
 def _one_day(base: str) -> str:

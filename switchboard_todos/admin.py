@@ -127,6 +127,22 @@ def capped_count(queryset: QuerySet[Any], limit: int = EstimatedCountPaginator.e
 class AdminTodoQuerySet(QuerySet[Todo]):
     """The admin's todos; `datetimes` answers the date hierarchy without reading every row."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._spans: dict[str, dict[str, Any]] = {}
+
+    def aggregate(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Aggregate, keeping a field's first/last: the date hierarchy asks for it, then
+        `datetimes` needs it, and under a filter no index serves (a title search) it costs a
+        read of the table."""
+        result = super().aggregate(*args, **kwargs)
+        first, last = kwargs.get("first"), kwargs.get("last")
+        if not args and isinstance(first, Min) and isinstance(last, Max) and len(kwargs) == 2:
+            field = _aggregated_field(first)
+            if field is not None and field == _aggregated_field(last):
+                self._spans[field] = result
+        return result
+
     def datetimes(
         self,
         field_name: str,
@@ -143,7 +159,9 @@ class AdminTodoQuerySet(QuerySet[Todo]):
         if kind not in ("year", "month", "day"):
             return super().datetimes(field_name, kind, order, tzinfo)
         zone = tzinfo or timezone.get_current_timezone()
-        span = self.aggregate(first=Min(field_name), last=Max(field_name))
+        span = self._spans.get(field_name) or self.aggregate(
+            first=Min(field_name), last=Max(field_name)
+        )
         if span["first"] is None:
             return QuerySet.datetimes(self.none(), field_name, kind, order, tzinfo)
         bounds = _calendar_bounds(span["first"], span["last"], kind, zone)
@@ -162,6 +180,11 @@ class AdminTodoQuerySet(QuerySet[Todo]):
             .filter(pk__in=firsts)
             .datetimes(field_name, kind, order, tzinfo)
         )
+
+
+def _aggregated_field(aggregate: Min | Max) -> str | None:
+    name = getattr(aggregate.get_source_expressions()[0], "name", None)
+    return name if isinstance(name, str) else None
 
 
 def _calendar_bounds(first: datetime, last: datetime, kind: str, zone: tzinfo) -> list[datetime]:
