@@ -21,6 +21,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
@@ -360,6 +361,19 @@ class DeadLetterForm(forms.Form):
 # Todo admin
 
 
+class ReadOnly:
+    """Nothing is added, edited or deleted through forms: changes are actions (or purging)."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class EventLink:
     """Render a link to an event's admin page from its id, without loading the event."""
 
@@ -389,7 +403,7 @@ def _when(value: Any) -> str:
 
 
 @admin.register(Todo)
-class TodoAdmin(_TodoAdmin):
+class TodoAdmin(ReadOnly, _TodoAdmin):
     """Todos, read-only; requeue, expire-lease and dead-letter as gated actions."""
 
     list_display = [
@@ -466,28 +480,6 @@ class TodoAdmin(_TodoAdmin):
             },
         ),
     ]
-    readonly_fields = [
-        "id",
-        "queue",
-        "kind",
-        "title",
-        "source",
-        "event_link",
-        "idempotency_key",
-        "assignee",
-        "state_explained",
-        "owner",
-        "attempts",
-        "lease_expires_at",
-        "next_retry_at",
-        "created_at",
-        "claimed_at",
-        "updated_at",
-        "completed_at",
-        "payload_json",
-        "result_json",
-        "failure_history",
-    ]
 
     class Media:
         css = {"all": ["switchboard_todos/admin.css"]}
@@ -496,17 +488,6 @@ class TodoAdmin(_TodoAdmin):
     action_time_limit = 20.0
     #: Todos per guarded statement (and per LogEntry insert) when an action runs.
     action_batch_size = BATCH_SIZE
-
-    # Read-only: changes are actions; deleting is purging's job (manage.py purge_todos).
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Todo | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Todo | None = None) -> bool:
-        return False
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return self._has_todo_permission(request, "requeue_todo")
@@ -519,6 +500,9 @@ class TodoAdmin(_TodoAdmin):
 
     def _has_todo_permission(self, request: HttpRequest, codename: str) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Todo | None = None) -> list[str]:
+        return flatten_fieldsets(self.fieldsets or [])
 
     # Queries
 
@@ -695,6 +679,7 @@ class TodoAdmin(_TodoAdmin):
             **self.admin_site.each_context(request),
             "title": _("Dead-letter (cancel) todos"),
             "opts": self.opts,
+            "back": request.get_full_path(),
             "form": form,
             "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "select_across": request.POST.get("select_across", "0"),
@@ -798,15 +783,23 @@ class TodoAdmin(_TodoAdmin):
             request, {**self._permissions(request), **(extra_context or {})}
         )
 
-    def change_view(
+    def render_change_form(
         self,
         request: HttpRequest,
-        object_id: str,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
         form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
+        obj: Todo | None = None,
     ) -> HttpResponse:
-        extra = {**self._permissions(request), **(extra_context or {})}
-        return super().change_view(request, object_id, form_url, extra)
+        """Offer, as buttons, the repairs the todo's state allows and the user may make."""
+        allowed = self._permissions(request)
+        context["repairs"] = [
+            (action, label, explanation)
+            for state, permission, action, label, explanation in REPAIRS
+            if obj is not None and obj.state == state and allowed[permission]
+        ]
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def _permissions(self, request: HttpRequest) -> dict[str, bool]:
         """Which repairs the user may make, for the templates' buttons and links."""
@@ -825,6 +818,7 @@ class TodoAdmin(_TodoAdmin):
             **self.admin_site.each_context(request),
             "title": _("Queue health"),
             "opts": self.opts,
+            "back": reverse("admin:switchboard_todos_todo_changelist"),
             "rows": rows,
             "chart": HealthChart(rows),
             "now": stats.database_now(),
@@ -850,6 +844,32 @@ class TodoAdmin(_TodoAdmin):
             "back": back,
         }
         return TemplateResponse(request, "admin/switchboard_todos/todo/requeue_all.html", context)
+
+
+#: The detail page's buttons: (state, permission flag, action, label, explanation).
+REPAIRS = [
+    (
+        State.FAILED,
+        "can_requeue",
+        "requeue_selected",
+        _("Requeue this dead letter"),
+        _("Back to pending with its attempts reset; workers will run it again"),
+    ),
+    (
+        State.CLAIMED,
+        "can_expire_lease",
+        "expire_lease_selected",
+        _("Expire its lease now"),
+        _("The reaper or the next claim takes it back from its worker"),
+    ),
+    (
+        State.PENDING,
+        "can_dead_letter",
+        "dead_letter_selected",
+        _("Dead-letter (cancel)…"),
+        _("Asks for a reason first"),
+    ),
+]
 
 
 def _active_filters(changelist: ChangeList) -> list[str]:
@@ -933,7 +953,7 @@ class HealthChart:
 # Events
 
 
-class TodoInline(_TodoInline):
+class TodoInline(ReadOnly, _TodoInline):
     """The event's todos, read-only, each linking to its page."""
 
     model = Todo
@@ -948,18 +968,9 @@ class TodoInline(_TodoInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Todo]:
         return super().get_queryset(request).defer(*JSON_COLUMNS)
 
-    def has_add_permission(self, request: HttpRequest, obj: Event | None = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Event | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Event | None = None) -> bool:
-        return False
-
 
 @admin.register(Event)
-class EventAdmin(_EventAdmin):
+class EventAdmin(ReadOnly, _EventAdmin):
     """Inbound deliveries, read-only, with the todos each one made."""
 
     list_display = ["id", "source", "kind", "delivery_id", "received_at"]
@@ -978,15 +989,6 @@ class EventAdmin(_EventAdmin):
         "payload_json",
     )
     inlines = [TodoInline]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Event | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Event | None = None) -> bool:
-        return False
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Event], search_term: str

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import logging
-import textwrap
-from argparse import ArgumentParser, ArgumentTypeError, RawDescriptionHelpFormatter
+from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from switchboard_todos.bulk import BATCH_SIZE, BulkOutcome, apply_in_batches
 from switchboard_todos.exceptions import InvalidTodo
-from switchboard_todos.management.commands.todo_stats import queue_name
+from switchboard_todos.management.base import OperatorCommand, add_queue_argument
 from switchboard_todos.models import State, Todo
 
 logger = logging.getLogger("switchboard_todos.requeue")
@@ -45,34 +44,24 @@ def requeue(
     return outcome
 
 
-class Command(BaseCommand):
-    help = textwrap.fill(
+class Command(OperatorCommand):
+    help = (
         "Requeue dead letters (failed todos): back to pending with their attempts reset, so "
         "workers run them again. Name todos by id, or take every dead letter of a queue with "
         "--queue Q --all-dead. A dead letter whose idempotency key a live todo holds is left "
         "alone (requeuing it would duplicate that work). Exits 1 if any todo was not requeued."
     )
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        parser.formatter_class = RawDescriptionHelpFormatter
-        parser.epilog = (
-            "examples:\n"
-            "  manage.py requeue_todos td_0c6f... td_9a1e...\n"
-            "  manage.py requeue_todos --queue mail --all-dead\n"
-            "  manage.py requeue_todos --queue mail --queue billing --all-dead"
-        )
-        return parser
+    examples = [
+        "manage.py requeue_todos td_0c6f... td_9a1e...",
+        "manage.py requeue_todos --queue mail --all-dead",
+        "manage.py requeue_todos --queue mail --queue billing --all-dead",
+    ]
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("todo_ids", nargs="*", metavar="TODO_ID", help="Todos to requeue.")
-        parser.add_argument(
-            "--queue",
-            action="append",
-            type=queue_name,
-            dest="queues",
-            metavar="QUEUE",
-            help="With --all-dead: the queue whose dead letters to requeue; repeat for several.",
+        add_queue_argument(
+            parser, "With --all-dead: the queue whose dead letters to requeue; repeat for several."
         )
         parser.add_argument(
             "--all-dead",

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import textwrap
-from argparse import ArgumentParser, ArgumentTypeError, RawDescriptionHelpFormatter
+from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
-from switchboard_todos import stats, validation
-from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos import stats
+from switchboard_todos.management.base import OperatorCommand, add_queue_argument
 
 COLUMNS = [
     ("queue", "queue"),
@@ -24,41 +21,21 @@ COLUMNS = [
 ]
 
 
-def queue_name(value: str) -> str:
-    """argparse type: a valid queue name."""
-    try:
-        return validation.queue(value)
-    except InvalidTodo as error:
-        raise ArgumentTypeError(str(error)) from error
-
-
-class Command(BaseCommand):
-    help = textwrap.fill(
+class Command(OperatorCommand):
+    help = (
         "Print each queue's health: todos ready to claim, waiting for a retry, claimed (lease "
         "valid), claimed with an expired lease, done in the last 24 hours, dead letters, and the "
         "age of the oldest ready todo. Cheap enough to run every minute from monitoring."
     )
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        parser.formatter_class = RawDescriptionHelpFormatter
-        parser.epilog = (
-            "examples:\n"
-            "  manage.py todo_stats\n"
-            "  manage.py todo_stats --queue mail --queue billing\n"
-            '  manage.py todo_stats --json   # {"at": ..., "queues": [{"queue": ..., ...}]}'
-        )
-        return parser
+    examples = [
+        "manage.py todo_stats",
+        "manage.py todo_stats --queue mail --queue billing",
+        'manage.py todo_stats --json   # {"at": ..., "queues": [{"queue": ..., ...}]}',
+    ]
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument(
-            "--queue",
-            action="append",
-            type=queue_name,
-            dest="queues",
-            metavar="QUEUE",
-            help="Only this queue; repeat for several. Default: every queue.",
-        )
+        add_queue_argument(parser, "Only this queue; repeat for several. Default: every queue.")
         parser.add_argument(
             "--json",
             action="store_true",
