@@ -29,6 +29,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.contrib.admin.utils import quote  # noqa: E402
 from django.contrib.auth.models import User  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
@@ -229,7 +230,7 @@ def main() -> None:
         ("search titles (a word)", f"{base}?q=number+12345"),
         ("search titles (no match)", f"{base}?q=nothing+matches"),
         ("one day (hierarchy)", _one_day(base)),
-        ("todo detail", f"{base}{dead_id}/change/"),
+        ("todo detail", f"{base}{quote(dead_id)}/change/"),
         ("queue health", f"{base}health/"),
     ]
     print(f"todos: about {rows:,} (pg_class.reltuples); median of {args.repeat} requests")

@@ -21,7 +21,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.utils import flatten_fieldsets, quote
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
@@ -111,8 +111,6 @@ def _plan_estimate(queryset: QuerySet[Any]) -> int:
     with connections[queryset.db].cursor() as cursor:
         cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
         plan = cursor.fetchone()[0]
-    if isinstance(plan, str):
-        plan = json.loads(plan)
     return int(plan[0]["Plan"]["Plan Rows"])
 
 
@@ -381,7 +379,8 @@ class EventLink:
     def html(event_id: str | None) -> SafeString | str:
         if event_id is None:
             return "—"
-        url = reverse("admin:switchboard_todos_event_change", args=[event_id])
+        # The admin escapes "_" (and more) in ids in its URLs: "ev_40…" unescaped would be "ev@…".
+        url = reverse("admin:switchboard_todos_event_change", args=[quote(event_id)])
         return format_html('<a href="{}">{}</a>', url, event_id)
 
 

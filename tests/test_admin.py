@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
@@ -27,7 +28,7 @@ _usernames = (f"operator{n}" for n in itertools.count())
 
 
 def change_url(todo: Todo) -> str:
-    return f"{CHANGELIST}{todo.pk}/change/"
+    return f"{CHANGELIST}{quote(todo.pk)}/change/"
 
 
 def messages_of(response: Any) -> list[str]:
@@ -343,7 +344,7 @@ def test_the_detail_page_explains_the_todo(admin_client: Client, make_todo: Make
     )
     page = admin_client.get(change_url(todo)).content.decode()
     assert "{\n  &quot;items&quot;: [\n    &quot;a&quot;\n  ],\n  &quot;order&quot;: 7\n}" in page
-    assert f'href="/admin/switchboard_todos/event/{event.pk}/change/"' in page
+    assert f'href="/admin/switchboard_todos/event/{quote(event.pk)}/change/"' in page
     for text in [
         "switchboard-failures",
         "ValueError",
@@ -356,6 +357,19 @@ def test_the_detail_page_explains_the_todo(admin_client: Client, make_todo: Make
     ]:
         assert text in page
     assert 'name="_save"' not in page
+
+
+def test_ids_that_look_like_admin_escapes_still_link(
+    admin_client: Client, make_todo: MakeTodo
+) -> None:
+    """The admin escapes "_" in URLs; an id like td_40… (which "_40", "@", would mangle) works."""
+    event = Event.objects.create(id="ev_40000000-0000-4000-8000-000000000000", source="s", kind="k")
+    todo = make_todo(id="td_40000000-0000-4000-8000-000000000000", event=event)
+    page = admin_client.get(change_url(todo))
+    assert page.status_code == 200
+    link = f"/admin/switchboard_todos/event/{quote(event.pk)}/change/"
+    assert f'href="{link}"' in page.content.decode()
+    assert admin_client.get(link).status_code == 200
 
 
 def test_the_detail_page_costs_a_fixed_number_of_queries(
@@ -387,7 +401,7 @@ def test_a_todo_cannot_be_added_edited_or_deleted(
     todo = make_todo()
     assert admin_client.get(f"{CHANGELIST}add/").status_code == 403
     assert admin_client.post(change_url(todo), {"state": "done"}).status_code == 403
-    assert admin_client.get(f"{CHANGELIST}{todo.pk}/delete/").status_code == 403
+    assert admin_client.get(f"{CHANGELIST}{quote(todo.pk)}/delete/").status_code == 403
     actions = dict(admin_client.get(CHANGELIST).context["action_form"].fields["action"].choices)
     assert "delete_selected" not in actions
 
@@ -407,6 +421,7 @@ def test_the_detail_page_offers_the_repair_its_state_allows(
     todo = make_todo(state=state)
     others = set(ACTIONS) - {action}
     page = operator("view_todo", *[code for code, _ in ACTIONS.values()]).get(change_url(todo))
+    assert page.status_code == 200, (page.status_code, page.get("Location"))
     html = page.content.decode()
     assert f'value="{action}"' in html and not any(f'value="{o}"' in html for o in others)
     assert f'value="{action}"' not in operator("view_todo").get(change_url(todo)).content.decode()
@@ -536,6 +551,23 @@ def test_select_all_walks_only_the_todos_the_action_applies_to(admin_client: Cli
     assert LogEntry.objects.count() == 3
 
 
+def test_an_action_that_matches_nothing_says_so(admin_client: Client, make_todo: MakeTodo) -> None:
+    """ "Select all" over a filter without dead letters changes nothing and says why."""
+    todo = make_todo()
+    response = run_action(admin_client, "requeue_selected", [todo], select_across="1")
+    assert messages_of(response) == ["No todos requeued: none matched."]
+
+
+def test_many_refusals_name_a_few_ids_and_count_the_rest(
+    admin_client: Client, make_todo: MakeTodo
+) -> None:
+    """A refusal message lists five ids, then how many more."""
+    pending = [make_todo() for _ in range(7)]
+    (message,) = messages_of(run_action(admin_client, "requeue_selected", pending))
+    assert message.startswith("7 not requeued: it is pending, not dead-lettered (td_")
+    assert message.endswith(" and 2 more).") and message.count("td_") == 5
+
+
 def test_a_long_action_stops_at_its_time_limit(admin_client: Client, make_todo: MakeTodo) -> None:
     """Past the time limit no new batch starts, and the message says todos are left."""
     dead = [make_todo(state=State.FAILED) for _ in range(5)]
@@ -591,6 +623,12 @@ def test_requeue_all_confirms_then_requeues_every_match(admin_client: Client) ->
     assert f'href="{REQUEUE_ALL}?queue=billing"' in list_page
     confirm = admin_client.get(REQUEUE_ALL + "?queue=billing").content.decode()
     assert "<strong>3</strong> dead letters" in confirm and "queue: billing" in confirm
+    narrowed = admin_client.get(
+        REQUEUE_ALL + "?queue=billing&q=todo&created_at__year=2020&attention=dead"
+    ).content.decode()
+    for line in ["queue: billing", "search: todo", "year: 2020", "needs attention: Dead-lettered"]:
+        assert f"<li>{line}</li>" in narrowed
+    assert "<strong>0</strong> dead letters" in narrowed
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(TodoAdmin, "action_batch_size", 2)
         response = admin_client.post(REQUEUE_ALL + "?queue=billing", follow=True)
@@ -672,7 +710,7 @@ def test_the_event_page_lists_its_todos(
         ContentType.objects.clear_cache()
         with CaptureQueriesContext(connection) as queries:
             page = admin_client.get(
-                f"/admin/switchboard_todos/event/{event.pk}/change/"
+                f"/admin/switchboard_todos/event/{quote(event.pk)}/change/"
             ).content.decode()
         counts.append(len(queries))
         assert page.count("/admin/switchboard_todos/todo/td_") == size

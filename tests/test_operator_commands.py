@@ -203,6 +203,7 @@ def test_requeue_todos_all_dead_letters_of_a_queue(make_todo: MakeTodo) -> None:
         (("--queue", "q"), "--queue only goes with --all-dead"),
         (("--queue", "bad name", "--all-dead"), "not a valid queue name"),
         (("--queue", "q", "--all-dead", "--batch-size", "0"), "from 1 to 10000"),
+        (("--queue", "q", "--all-dead", "--batch-size", "many"), "from 1 to 10000"),
         (("x" * 101,), "todo id is 101 characters long"),
     ],
 )
