@@ -8,8 +8,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP_CONSTRAINT ?=
+# Runs a command with one database for it and its children: DATABASE_URL, else the local server,
+# else an embedded PostgreSQL that is stopped and deleted when the command ends.
+WITH_DATABASE = $(BIN)/python -m example_project.database run --
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest suite bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +21,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	$(BIN)/python manage.py demo
+	$(WITH_DATABASE) $(BIN)/python manage.py demo
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
@@ -28,11 +31,15 @@ typecheck: $(BIN)/.installed
 	$(BIN)/mypy .
 
 pytest: $(BIN)/.installed
+	$(WITH_DATABASE) $(MAKE) --no-print-directory suite
+
+suite: $(BIN)/.installed
 	$(BIN)/python -m django check --settings=tests.settings
 	$(BIN)/python -m django makemigrations --check --dry-run --settings=tests.settings
 	$(BIN)/python -m pytest --cov --cov-report=term $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+test: $(BIN)/.installed
+	$(WITH_DATABASE) $(MAKE) --no-print-directory lint typecheck pytest
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench $(BENCH_ARGS)

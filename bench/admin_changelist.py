@@ -91,12 +91,11 @@ def populate(total: int) -> None:
         cursor.execute("VACUUM ANALYZE todos")
 
 
-#: The indexes migration 0003 adds to `todos` for the admin (see Todo.Meta.indexes).
+#: The indexes migration 0004 adds to `todos` for the admin (see Todo.Meta.indexes).
 ADMIN_INDEXES = {
     "idx_todos_created",
     "idx_todos_queue",
     "idx_todos_dead",
-    "idx_todos_done",
     "idx_todos_key",
     "idx_todos_assignee",
 }

@@ -1,23 +1,58 @@
-"""Settings of the example project, all from the environment through django-environ."""
+"""Settings of the example project, all from the environment through django-environ.
+
+DEBUG is off unless DEBUG=1, and then SECRET_KEY must be set (with DEBUG on, a throwaway key is
+made per process); the HTTPS protections are on unless DEBUG is. docs/example.md lists every
+variable, and a production set that passes `manage.py check --deploy`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.utils import get_random_secret_key
+
+from example_project.database import ensure_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-env = environ.Env(DEBUG=(bool, False))
+env = environ.Env()
 
-DEBUG = env("DEBUG")
-SECRET_KEY = env("SECRET_KEY", default="" if not DEBUG else "insecure-example-key")
-ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1"])
+DEBUG = env.bool("DEBUG", default=False)
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Set it in the environment to a long random value, e.g. "
+            "SECRET_KEY=$(python -c 'import secrets; print(secrets.token_urlsafe(50))'), "
+            "or set DEBUG=1 for local development."
+        )
+    # Local development only: a new key per process, so sessions end when the process does.
+    SECRET_KEY = get_random_secret_key()
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+# HTTPS. Behind a proxy that terminates TLS, set
+# SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https (and have the proxy set that header), or
+# the redirect to HTTPS never ends.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=not DEBUG)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=not DEBUG)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=not DEBUG)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
+
 USE_TZ = True
 TIME_ZONE = "UTC"
 
-DATABASES = {
-    "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/switchboard"),
-}
+DATABASES = {"default": env.db_url_config(ensure_database_url())}
+
+# Inbound webhooks (example_project/webhooks.py): WEBHOOK_SECRETS=github=s3cret,shop=0ther
+# gives each source its HMAC secret; a source without one answers 404.
+WEBHOOK_SECRETS: dict[str, str] = env.dict("WEBHOOK_SECRETS", default={})
+WEBHOOK_MAX_BYTES = env.int("WEBHOOK_MAX_BYTES", default=1024 * 1024)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -27,6 +62,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "switchboard_todos",
+    "example_project",
 ]
 
 MIDDLEWARE = [
@@ -56,5 +92,16 @@ TEMPLATES = [
         },
     },
 ]
+
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "{asctime} {levelname} {name}: {message}", "style": "{"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    # Django's own console handler prints with DEBUG on; this one replaces it, not doubles it.
+    "loggers": {"django": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False}},
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -27,7 +27,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import BooleanField, ExpressionWrapper, Max, Min, Q, QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, F, Max, Min, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -424,6 +424,8 @@ class TodoAdmin(ReadOnly, _TodoAdmin):
         "exactly; anything else is looked for in titles, which reads every todo (slow)."
     )
     list_per_page = 100
+    # Newest first, NULLS LAST: the order idx_todos_created and idx_todos_queue are built in.
+    ordering = [F("created_at").desc(nulls_last=True)]
     show_full_result_count = False
     # Facets count every filter choice over the whole list on each page view.
     show_facets = admin.ShowFacets.NEVER

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from switchboard_todos.managers import BatchResult
 from switchboard_todos.models import Todo
@@ -54,7 +54,10 @@ def apply_in_batches(
     `time_limit` seconds, no new batch starts after that time; at least one always runs.
     """
     outcome = BulkOutcome()
-    keys = queryset.order_by("created_at", "pk").values_list("created_at", "pk")
+    # Oldest first, NULLS FIRST: idx_todos_created and idx_todos_dead read backwards.
+    keys = queryset.order_by(F("created_at").asc(nulls_first=True), "pk").values_list(
+        "created_at", "pk"
+    )
     deadline = None if time_limit is None else time.monotonic() + time_limit
     page = keys
     while True:

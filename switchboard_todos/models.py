@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Cast
 from django.utils.translation import gettext_lazy as _
 
@@ -170,34 +170,36 @@ class Todo(models.Model):
                 condition=Q(state=State.CLAIMED),
                 name="idx_todos_lease",
             ),
+            # Retention (purge_todos): finished todos in completion order, so each batch reads
+            # only the rows it deletes. Pending and claimed todos stay out of it.
+            models.Index(
+                fields=["completed_at"],
+                condition=Q(state__in=[State.DONE, State.FAILED]),
+                name="idx_todos_finished",
+            ),
             # The event's todos (admin inline, ON DELETE SET NULL); most todos have no event.
             models.Index(
                 fields=["event"],
                 condition=Q(event__isnull=False),
                 name="idx_todos_event",
             ),
-            # The admin (see admin.py). The changelist's default order, newest first, and its date
-            # hierarchy: a page is the first 100 entries of this index, not a sort of the table.
-            models.Index(fields=["created_at"], name="idx_todos_created"),
+            # The admin (see admin.py). Its newest-first pages sort DESC NULLS LAST, an order the
+            # claim scan's ORDER BY created_at (ASC NULLS LAST) cannot read from these indexes
+            # in either direction: so the claim keeps to idx_todos_pending however the table
+            # looks, instead of walking every queue's todos in created_at order.
+            # The list's default order and its date hierarchy: a page is the first 100 entries.
+            models.Index(F("created_at").desc(nulls_last=True), name="idx_todos_created"),
             # The queue filter's page (an index range, not a filtered walk of every todo) and its
             # list of queues, read by skipping from one queue to the next (stats.distinct_values).
-            models.Index(fields=["queue", "created_at"], name="idx_todos_queue"),
+            models.Index(F("queue"), F("created_at").desc(nulls_last=True), name="idx_todos_queue"),
             # Dead letters: the admin's dead-letter list, newest first, and the batches that
             # requeue them all; with the queue included, the health page counts them per queue
             # from the index alone. Small: only failed todos are in it.
             models.Index(
-                fields=["created_at"],
+                F("created_at").desc(nulls_last=True),
                 include=["queue"],
                 condition=Q(state=State.FAILED),
                 name="idx_todos_dead",
-            ),
-            # "Done in the last 24 hours" per queue on the health page, from the index alone; and
-            # finding done todos by age when purging them.
-            models.Index(
-                fields=["completed_at"],
-                include=["queue"],
-                condition=Q(state=State.DONE),
-                name="idx_todos_done",
             ),
             # The admin's search by idempotency key, in every state (idx_todos_dedupe covers only
             # live todos, and needs the queue).

@@ -34,15 +34,16 @@ WITH RECURSIVE found (value) AS (
 
 _RECENT_KINDS = """
 SELECT DISTINCT kind
-  FROM (SELECT kind FROM todos ORDER BY created_at DESC LIMIT %(recent)s) AS recent
+  FROM (SELECT kind FROM todos ORDER BY created_at DESC NULLS LAST LIMIT %(recent)s) AS recent
  WHERE kind <> ''
  ORDER BY kind
  LIMIT %(limit)s
 """
 
 # One row per queue. Each CTE reads one partial index: idx_todos_pending (ready),
-# idx_todos_scheduled (retries), idx_todos_lease (claimed), idx_todos_done (done in the last
-# day), idx_todos_dead (dead letters); the queue names come from a skip scan of idx_todos_queue.
+# idx_todos_scheduled (retries), idx_todos_lease (claimed), idx_todos_finished (done in the last
+# day: a range of purging's index), idx_todos_dead (dead letters); the queue names come from a
+# skip scan of idx_todos_queue.
 _HEALTH = (
     _DISTINCT.format(column="queue").rstrip()
     + """,

@@ -16,6 +16,7 @@ import pytest
 from django.db import connection, connections
 from django.db.models.functions import Now
 
+from example_project import database
 from switchboard_todos.models import State, Todo
 
 T = TypeVar("T")
@@ -29,6 +30,15 @@ _STATE_DEFAULTS: dict[str, dict[str, Any]] = {
     State.DONE: {"owner": "w1", "attempt": 1, "result": {"ok": True}},
     State.FAILED: {"attempt": 5, "result": {"type": "", "message": "boom"}},
 }
+
+
+def pytest_report_header() -> str:
+    """Name the server under test, and how example_project/database.py chose it."""
+    from django.conf import settings
+
+    server = settings.DATABASES["default"]
+    given = f"{server['NAME']} at {server['HOST']}:{server['PORT']}, from DATABASE_URL"
+    return f"database: {database.chosen() or given}"
 
 
 @pytest.fixture

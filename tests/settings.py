@@ -1,8 +1,10 @@
-"""Settings for the test suite: a real PostgreSQL, from DATABASE_URL or the local server."""
+"""Settings for the test suite: a real PostgreSQL, chosen as the example project's is."""
 
 from __future__ import annotations
 
 import environ
+
+from example_project.database import ensure_database_url
 
 env = environ.Env()
 
@@ -12,9 +14,10 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
 
-DATABASES = {
-    "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/switchboard"),
-}
+DATABASES = {"default": env.db_url_config(ensure_database_url())}
+
+WEBHOOK_SECRETS = {"github": "github-test-secret", "example": "example-test-secret"}
+WEBHOOK_MAX_BYTES = 64 * 1024
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -25,6 +28,7 @@ INSTALLED_APPS = [
     # Serves the admin's CSS and JavaScript to the browser test (pytest-django's live_server).
     "django.contrib.staticfiles",
     "switchboard_todos",
+    "example_project",
 ]
 
 STATIC_URL = "static/"

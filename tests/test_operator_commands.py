@@ -202,8 +202,9 @@ def test_requeue_todos_all_dead_letters_of_a_queue(make_todo: MakeTodo) -> None:
         (("--all-dead",), "--all-dead needs --queue"),
         (("--queue", "q"), "--queue only goes with --all-dead"),
         (("--queue", "bad name", "--all-dead"), "not a valid queue name"),
-        (("--queue", "q", "--all-dead", "--batch-size", "0"), "from 1 to 10000"),
-        (("--queue", "q", "--all-dead", "--batch-size", "many"), "from 1 to 10000"),
+        (("--queue", "q", "--all-dead", "--batch-size", "0"), "must be 1 or more"),
+        (("--queue", "q", "--all-dead", "--batch-size", "many"), "not a whole number"),
+        (("--queue", "q", "--all-dead", "--batch-size", "10001"), "at most 10000"),
         (("x" * 101,), "todo id is 101 characters long"),
     ],
 )

@@ -1,15 +1,14 @@
-"""What the operator commands share: help with examples, argument types that say what is wrong."""
+"""What the operator commands (todo_stats, requeue_todos) share: help with examples, --queue."""
 
 from __future__ import annotations
 
 import textwrap
-from argparse import ArgumentParser, ArgumentTypeError, RawDescriptionHelpFormatter
+from argparse import ArgumentParser, RawDescriptionHelpFormatter
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from switchboard_todos import validation
-from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.management.cli import queue_name
 
 
 class OperatorCommand(BaseCommand):
@@ -30,11 +29,3 @@ def add_queue_argument(parser: ArgumentParser, help: str) -> None:
     parser.add_argument(
         "--queue", action="append", type=queue_name, dest="queues", metavar="QUEUE", help=help
     )
-
-
-def queue_name(value: str) -> str:
-    """argparse type: a valid queue name."""
-    try:
-        return validation.queue(value)
-    except InvalidTodo as error:
-        raise ArgumentTypeError(str(error)) from error

@@ -109,28 +109,31 @@ lapsed AS MATERIALIZED (
        FOR UPDATE SKIP LOCKED
 ),
 picked AS (
-    SELECT id
+    SELECT id, claimable_at
       FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
            AS claimable
      ORDER BY claimable_at
      LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE todos
+       SET state = 'claimed',
+           owner = %(owner)s,
+           lease_expires_at = now() + %(ttl)s::interval,
+           attempt = attempt + 1,
+           claimed_at = now(),
+           next_retry_at = NULL,
+           errors = CASE WHEN state = 'claimed' THEN errors || jsonb_build_array(jsonb_build_object(
+                        'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
+                        'error', jsonb_build_object('type', 'LeaseExpired',
+                            'message', 'The lease lapsed before complete, fail or release.')))
+                    ELSE errors END,
+           updated_at = now()
+      FROM picked
+     WHERE todos.id = picked.id
+    RETURNING todos.*, picked.claimable_at
 )
-UPDATE todos
-   SET state = 'claimed',
-       owner = %(owner)s,
-       lease_expires_at = now() + %(ttl)s::interval,
-       attempt = attempt + 1,
-       claimed_at = now(),
-       next_retry_at = NULL,
-       errors = CASE WHEN state = 'claimed' THEN errors || jsonb_build_array(jsonb_build_object(
-                    'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
-                    'error', jsonb_build_object('type', 'LeaseExpired',
-                        'message', 'The lease lapsed before complete, fail or release.')))
-                ELSE errors END,
-       updated_at = now()
-  FROM picked
- WHERE todos.id = picked.id
-RETURNING todos.*;
+SELECT * FROM claimed ORDER BY claimable_at;
 
 -- name: claim
 -- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left.
@@ -295,3 +298,43 @@ SELECT id, state, owner, assignee, queue, idempotency_key, attempt, max_attempts
            AND live.id <> todos.id AND live.state <> 'done' AND live.state <> 'failed') AS live_twin
   FROM todos
  WHERE id = ANY (%(ids)s::text[]);
+
+-- name: purge_batch
+-- Delete up to %(limit)s finished todos (%(states)s, only done or failed) completed more than
+-- %(older_than)s ago and at or after %(after)s, oldest first; one short transaction per batch.
+-- Rows another session holds are skipped, never waited for. Walking idx_todos_finished from
+-- %(after)s (the newest completed_at of the previous batch) keeps every batch as cheap as the
+-- first: the index entries of rows deleted by earlier batches are never walked again.
+WITH doomed AS (
+    SELECT id
+      FROM todos
+     WHERE state IN ('done', 'failed')
+       AND state = ANY (%(states)s::text[])
+       AND completed_at < now() - %(older_than)s::interval
+       AND completed_at >= coalesce(%(after)s::timestamptz, '-infinity')
+       AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
+     ORDER BY completed_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    -- = ANY(ARRAY(...)), not IN (SELECT ...): an array is probed through the primary key;
+    -- a semi-join may be planned as a hash join over a scan of the whole table.
+    DELETE FROM todos
+     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
+    RETURNING queue, state, completed_at
+)
+SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
+  FROM deleted
+ GROUP BY queue, state;
+
+-- name: count_purgeable
+-- Count, per queue and state, the todos purge_batch would delete with the same parameters.
+SELECT queue, state, count(*) AS deleted
+  FROM todos
+ WHERE state IN ('done', 'failed')
+   AND state = ANY (%(states)s::text[])
+   AND completed_at < now() - %(older_than)s::interval
+   AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
+ GROUP BY queue, state
+ ORDER BY queue, state;

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from argparse import ArgumentParser, ArgumentTypeError
+from argparse import ArgumentParser
 from typing import Any
 
 from django.core.management.base import CommandError
@@ -11,23 +11,14 @@ from django.core.management.base import CommandError
 from switchboard_todos.bulk import BATCH_SIZE, BulkOutcome, apply_in_batches
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.management.base import OperatorCommand, add_queue_argument
+from switchboard_todos.management.cli import positive_int
 from switchboard_todos.models import State, Todo
+from switchboard_todos.validation import OPERATOR_BATCH_LIMIT
 
 logger = logging.getLogger("switchboard_todos.requeue")
 
 #: How many refused ids are printed per reason; the rest are counted.
 IDS_SHOWN = 20
-
-
-def batch_size(value: str) -> int:
-    """argparse type: a batch size from 1 to 10,000."""
-    try:
-        size = int(value)
-    except ValueError:
-        size = 0
-    if not 1 <= size <= 10_000:
-        raise ArgumentTypeError(f"must be a whole number from 1 to 10000, not {value!r}")
-    return size
 
 
 def requeue(
@@ -70,7 +61,7 @@ class Command(OperatorCommand):
         )
         parser.add_argument(
             "--batch-size",
-            type=batch_size,
+            type=positive_int,
             default=BATCH_SIZE,
             help=f"Todos per statement (default {BATCH_SIZE}); each batch commits on its own.",
         )
@@ -85,6 +76,8 @@ class Command(OperatorCommand):
             raise CommandError("--all-dead needs --queue QUEUE (repeat it for several queues).")
         if queues and not all_dead:
             raise CommandError("--queue only goes with --all-dead; to requeue by id, give ids.")
+        if options["batch_size"] > OPERATOR_BATCH_LIMIT:
+            raise CommandError(f"--batch-size is at most {OPERATOR_BATCH_LIMIT}.")
         if not todo_ids and not all_dead:
             raise CommandError("Nothing to requeue: give todo ids, or --queue QUEUE --all-dead.")
         try:

@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("switchboard_todos", "0002_drop_like_indexes"),
+        ("switchboard_todos", "0003_purge_index"),
     ]
 
     operations = [
@@ -22,28 +22,26 @@ class Migration(migrations.Migration):
         ),
         AddIndexConcurrently(
             model_name="todo",
-            index=models.Index(fields=["created_at"], name="idx_todos_created"),
-        ),
-        AddIndexConcurrently(
-            model_name="todo",
-            index=models.Index(fields=["queue", "created_at"], name="idx_todos_queue"),
-        ),
-        AddIndexConcurrently(
-            model_name="todo",
             index=models.Index(
-                condition=models.Q(("state", "failed")),
-                fields=["created_at"],
-                include=("queue",),
-                name="idx_todos_dead",
+                models.OrderBy(models.F("created_at"), descending=True, nulls_last=True),
+                name="idx_todos_created",
             ),
         ),
         AddIndexConcurrently(
             model_name="todo",
             index=models.Index(
-                condition=models.Q(("state", "done")),
-                fields=["completed_at"],
+                models.F("queue"),
+                models.OrderBy(models.F("created_at"), descending=True, nulls_last=True),
+                name="idx_todos_queue",
+            ),
+        ),
+        AddIndexConcurrently(
+            model_name="todo",
+            index=models.Index(
+                models.OrderBy(models.F("created_at"), descending=True, nulls_last=True),
+                condition=models.Q(("state", "failed")),
                 include=("queue",),
-                name="idx_todos_done",
+                name="idx_todos_dead",
             ),
         ),
         AddIndexConcurrently(

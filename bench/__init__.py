@@ -1,0 +1,1 @@
+"""Benchmarks, run by hand (`make bench`) or in CI's smoke mode; never timed assertions."""

@@ -1,0 +1,68 @@
+"""What the management commands share: argparse `type=` validators, and output wording.
+
+Each validator turns the text into the value the command wants or raises ArgumentTypeError,
+which argparse reports as "argument --x: <message>" (and call_command raises as CommandError).
+"""
+
+from __future__ import annotations
+
+import re
+from argparse import ArgumentTypeError
+from datetime import timedelta
+
+from switchboard_todos import validation
+from switchboard_todos.exceptions import InvalidTodo
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> timedelta:
+    """A positive duration: `30d`, `12h`, `90m`, `45s`, or plain seconds (`3600`, `0.5`)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not match:
+        raise ArgumentTypeError(
+            f"invalid duration {text!r}: use a number with an optional unit s, m, h or d "
+            "(30d, 12h, 90m, 45s; plain numbers are seconds)"
+        )
+    number, unit = match.groups()
+    try:
+        value = timedelta(seconds=float(number) * _UNITS[unit])
+    except OverflowError:
+        raise ArgumentTypeError(f"duration {text!r} is too long") from None
+    if value <= timedelta(0):
+        raise ArgumentTypeError(f"duration {text!r} must be more than zero")
+    return value
+
+
+def format_duration(value: timedelta) -> str:
+    """Write a duration as `duration` reads it, in the largest unit that fits exactly (90m)."""
+    seconds = value.total_seconds()
+    for unit in ("d", "h", "m"):
+        if seconds % _UNITS[unit] == 0:
+            return f"{int(seconds) // _UNITS[unit]}{unit}"
+    return f"{seconds:g}s"
+
+
+def positive_int(text: str) -> int:
+    """A whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+def queue_name(text: str) -> str:
+    """A queue name, checked as `create_todo` checks it."""
+    try:
+        return validation.queue(text)
+    except InvalidTodo as error:
+        raise ArgumentTypeError(str(error)) from None
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """A count with its noun: `1 sweep`, `2 sweeps`, `3 batches` (given as `nouns`)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"

@@ -1,0 +1,84 @@
+"""`manage.py reap_todos`: requeue lapsed leases, once (a timer) or in a loop (a service)."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from switchboard_todos.management.cli import duration, plural, positive_int
+from switchboard_todos.reaper import Reaper, ReaperError, describe
+from switchboard_todos.shutdown import Shutdown
+
+DEFAULT_INTERVAL = 10.0
+
+
+class Command(BaseCommand):
+    help = (
+        "Requeue every claimed todo whose lease has lapsed, or dead-letter it when it has no "
+        "attempt left. Runs one sweep and exits (for a systemd timer or cron); with --loop it "
+        "sweeps every --interval until SIGTERM or SIGINT, which stop it between sweeps with "
+        "exit status 0. Any number of reapers may run at once: each skips the rows another "
+        "is reaping. Exits with status 1 and a one-line message when the first sweep cannot "
+        "reach the database; in --loop mode a database lost later is retried with backoff."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument(
+            "--loop",
+            action="store_true",
+            help="Keep sweeping every --interval until SIGTERM or SIGINT (a long-running service).",
+        )
+        parser.add_argument(
+            "--interval",
+            type=duration,
+            default=None,
+            metavar="SECONDS",
+            help=(
+                f"With --loop: time between sweeps, in seconds or with a unit (30s, 5m); "
+                f"default {DEFAULT_INTERVAL:g}. A lapsed lease waits at most this long to be "
+                "reaped."
+            ),
+        )
+        parser.add_argument(
+            "--max-sweeps",
+            type=positive_int,
+            default=None,
+            metavar="N",
+            help="With --loop: stop after N sweeps (for tests, or to recycle the process).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        loop: bool = options["loop"]
+        if not loop:
+            for option in ("interval", "max_sweeps"):
+                if options[option] is not None:
+                    flag = "--" + option.replace("_", "-")
+                    raise CommandError(f"{flag} only applies with --loop.")
+        interval = options["interval"]
+        seconds = DEFAULT_INTERVAL if interval is None else interval.total_seconds()
+        verbosity: int = options["verbosity"]
+        with Shutdown() as shutdown:
+            reaper = Reaper(
+                interval=seconds,
+                shutdown=shutdown,
+                max_sweeps=options["max_sweeps"] if loop else 1,
+                report=self.stdout.write if verbosity >= 1 else lambda line: None,
+                report_idle=not loop or verbosity >= 2,
+            )
+            if loop and verbosity >= 1:
+                self.stdout.write(
+                    f"Reaping lapsed leases every {seconds:g} s until SIGTERM or SIGINT."
+                )
+            try:
+                totals = reaper.run()
+            except ReaperError as error:
+                raise CommandError(str(error)) from error
+            if loop and verbosity >= 1:
+                why = f"on {shutdown.signal.name}" if shutdown.signal else "at --max-sweeps"
+                self.stdout.write(
+                    f"Stopped {why} after {plural(totals.sweeps, 'sweep')} "
+                    f"({totals.failed_sweeps} failed): "
+                    f"{describe(totals)} in total."
+                )

@@ -1,0 +1,134 @@
+"""The reaper loop behind `manage.py reap_todos`: sweep lapsed leases, sleep, repeat.
+
+Each sweep is `Todo.objects.reap_expired()`, one statement that skips rows another session
+holds, so any number of reapers can run at once. Once the first sweep has worked, a database
+that goes away is logged and retried with a capped backoff instead of ending the process: a
+long-running service should outlive a database restart. A database that cannot be reached at
+the first sweep ends the run (`ReaperError`), since that is more often a wrong DATABASE_URL
+than an outage, and systemd's Restart= retries it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import NamedTuple
+
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
+
+from switchboard_todos.backoff import retry_delay
+from switchboard_todos.managers import ReapResult
+from switchboard_todos.models import Todo
+from switchboard_todos.shutdown import Shutdown
+
+logger = logging.getLogger("switchboard_todos.reaper")
+
+#: Longest wait between retries while the database is unavailable (or the interval, if longer).
+MAX_RETRY_DELAY = 60.0
+#: The errors of a database that is down or restarting, which a running loop outlives.
+UNAVAILABLE = (OperationalError, InterfaceError)
+
+
+class ReaperError(Exception):
+    """The first sweep failed; the message is one line, fit for an operator."""
+
+
+class ReapTotals(NamedTuple):
+    """What a run of the reaper did."""
+
+    sweeps: int
+    failed_sweeps: int
+    requeued: int
+    dead_lettered: int
+
+
+def describe(result: ReapResult | ReapTotals) -> str:
+    """Say what was reaped, as "2 requeued, 1 dead-lettered"."""
+    return f"{result.requeued} requeued, {result.dead_lettered} dead-lettered"
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (psycopg's span several)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+class Reaper:
+    """Sweep every `interval` seconds until `shutdown` is requested or `max_sweeps` are done.
+
+    `report` receives a line for every sweep that reaped something (every sweep when
+    `report_idle`); failures go to the `switchboard_todos.reaper` logger only.
+    """
+
+    def __init__(
+        self,
+        *,
+        interval: float,
+        shutdown: Shutdown,
+        max_sweeps: int | None = None,
+        report: Callable[[str], None] = lambda line: None,
+        report_idle: bool = False,
+    ) -> None:
+        self.interval = interval
+        self.shutdown = shutdown
+        self.max_sweeps = max_sweeps
+        self.report = report
+        self.report_idle = report_idle
+
+    def sweep(self) -> ReapResult:
+        """Run one sweep on a fresh or still-healthy connection."""
+        close_old_connections()
+        try:
+            result = Todo.objects.reap_expired()
+        finally:
+            close_old_connections()
+        if result.requeued or result.dead_lettered:
+            logger.info("Reaped lapsed leases: %s.", describe(result))
+        else:
+            logger.debug("Reaped lapsed leases: none.")
+        return result
+
+    def run(self) -> ReapTotals:
+        """Sweep until stopped; raise ReaperError if the very first sweep fails."""
+        sweeps = failed = failures_in_a_row = requeued = dead_lettered = 0
+        while not self.shutdown.requested:
+            sweeps += 1
+            try:
+                result = self.sweep()
+            except DatabaseError as error:
+                unavailable = isinstance(error, UNAVAILABLE)
+                if sweeps == 1:
+                    what = "Cannot reach the database" if unavailable else "Reaping failed"
+                    raise ReaperError(f"{what}: {one_line(error)}") from error
+                if not unavailable:
+                    raise
+                failed += 1
+                failures_in_a_row += 1
+                delay = retry_delay(
+                    failures_in_a_row,
+                    base=self.interval,
+                    cap=max(self.interval, MAX_RETRY_DELAY),
+                    jitter=0.25,
+                )
+                logger.warning(
+                    "Database unavailable (%s); sweep %d failed, %d in a row; retrying in %.1f s.",
+                    one_line(error),
+                    sweeps,
+                    failures_in_a_row,
+                    delay,
+                )
+                pause = delay
+            else:
+                if failures_in_a_row:
+                    logger.info(
+                        "Database available again after %d failed sweeps.", failures_in_a_row
+                    )
+                failures_in_a_row = 0
+                requeued += result.requeued
+                dead_lettered += result.dead_lettered
+                if self.report_idle or result.requeued or result.dead_lettered:
+                    self.report(f"Reaped lapsed leases: {describe(result)}.")
+                pause = self.interval
+            if self.max_sweeps is not None and sweeps >= self.max_sweeps:
+                break
+            self.shutdown.wait(pause)
+        return ReapTotals(sweeps, failed, requeued, dead_lettered)

@@ -1,0 +1,91 @@
+"""Retention: delete finished todos in small batches, behind `manage.py purge_todos`.
+
+Only `done` todos, and `failed` ones (dead letters) when asked, are ever deleted; the SQL says
+so in its WHERE as well as here. Each batch is one statement, so outside a caller's
+transaction it commits on its own and holds its row locks for one batch only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, router
+
+from switchboard_todos.models import State, Todo
+from switchboard_todos.sql import queries
+
+#: The largest batch: bigger ones hold their row locks and WAL for longer than they save.
+MAX_BATCH_SIZE = 100_000
+
+
+@dataclass
+class Purged:
+    """What a purge deleted (or, for a dry run, would delete), per (queue, state)."""
+
+    counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    batches: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def purge(
+    older_than: timedelta,
+    *,
+    include_failed: bool = False,
+    queues: Iterable[str] | None = None,
+    batch_size: int = 1000,
+) -> Purged:
+    """Delete done (and dead-lettered) todos completed more than `older_than` ago, in batches."""
+    if not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise ValueError(f"batch_size must be between 1 and {MAX_BATCH_SIZE}, not {batch_size}.")
+    params = _params(older_than, include_failed, queues)
+    purged = Purged()
+    after: datetime | None = None
+    while True:
+        rows = _fetch("purge_batch", {**params, "limit": batch_size, "after": after})
+        purged.batches += 1
+        deleted = 0
+        for queue, state, count, newest in rows:
+            purged.counts[queue, state] += count
+            deleted += count
+            after = newest if after is None else max(after, newest)
+        # Skipped (locked) rows do not count against the limit, so a short batch is the last.
+        if deleted < batch_size:
+            return purged
+
+
+def count_purgeable(
+    older_than: timedelta,
+    *,
+    include_failed: bool = False,
+    queues: Iterable[str] | None = None,
+) -> Purged:
+    """Count what `purge` would delete now, per queue and state, deleting nothing."""
+    rows = _fetch("count_purgeable", _params(older_than, include_failed, queues))
+    return Purged(counts=Counter({(queue, state): count for queue, state, count in rows}))
+
+
+def _params(
+    older_than: timedelta, include_failed: bool, queues: Iterable[str] | None
+) -> dict[str, Any]:
+    if older_than <= timedelta(0):
+        raise ValueError(f"older_than must be positive, not {older_than}.")
+    states = [State.DONE.value, State.FAILED.value] if include_failed else [State.DONE.value]
+    return {
+        "older_than": older_than,
+        "states": states,
+        "queues": None if queues is None else sorted(set(queues)),
+    }
+
+
+def _fetch(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    with connections[router.db_for_write(Todo)].cursor() as cursor:
+        cursor.execute(queries[name], params)
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+    return rows

@@ -1,0 +1,89 @@
+"""System checks: one test per check id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.checks import Error
+from django.db import connection, connections
+from django.test import override_settings
+
+from switchboard_todos import checks
+
+
+def ids(errors: list[Any]) -> list[str]:
+    return [error.id for error in errors]
+
+
+def test_postgresql_passes() -> None:
+    """The test database is PostgreSQL: no errors, and no connection was needed."""
+    assert checks.check_database_vendor() == []
+    assert checks.check_settings() == []
+
+
+def test_e001_other_database_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-PostgreSQL database for the app is an error with a hint."""
+    monkeypatch.setattr(connection, "vendor", "sqlite")
+    errors = checks.check_database_vendor()
+    assert ids(errors) == ["switchboard_todos.E001"]
+    assert "uses sqlite" in errors[0].msg and errors[0].hint
+
+
+def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
+    """`manage.py check` fails with E001 when the default database is SQLite."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+            "PYTHONPATH": str(ROOT),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "switchboard_todos.E001" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "error_id"),
+    [
+        ("BACKOFF_BASE", -1, "switchboard_todos.E002"),
+        ("BACKOFF_BASE", "5", "switchboard_todos.E002"),
+        ("BACKOFF_MAX", None, "switchboard_todos.E003"),
+        ("BACKOFF_JITTER", 1.5, "switchboard_todos.E004"),
+        ("BACKOFF_JITTER", True, "switchboard_todos.E004"),
+        ("MAX_JSON_BYTES", 0, "switchboard_todos.E005"),
+    ],
+)
+def test_settings_type_and_range(setting: str, value: Any, error_id: str) -> None:
+    """Each SWITCHBOARD_TODOS_* setting out of type or range is reported by its id."""
+    with override_settings(**{f"SWITCHBOARD_TODOS_{setting}": value}):
+        errors = checks.check_settings()
+    assert ids(errors) == [error_id]
+    assert f"SWITCHBOARD_TODOS_{setting}" in errors[0].msg and errors[0].hint
+
+
+@override_settings(SWITCHBOARD_TODOS_BACKOFF_BASE=60, SWITCHBOARD_TODOS_BACKOFF_MAX=10)
+def test_e006_cap_below_base() -> None:
+    """A cap below the base makes every retry wait the cap."""
+    assert ids(checks.check_settings()) == ["switchboard_todos.E006"]
+
+
+@pytest.mark.django_db
+def test_e007_server_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database-tagged check reads the server version; 12 is too old."""
+    assert checks.check_database_version(databases=["default"]) == []
+    monkeypatch.setattr(connections["default"], "pg_version", 120005)
+    errors = checks.check_database_version(databases=["default"])
+    assert ids(errors) == ["switchboard_todos.E007"]
+    assert isinstance(errors[0], Error)

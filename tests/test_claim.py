@@ -1,0 +1,109 @@
+"""claim_next / claim_batch: which todos a claim takes, in what order, and reap_expired."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from switchboard_todos.models import State, Todo
+
+MakeTodo = Callable[..., Todo]
+LAPSED = timedelta(seconds=-5)
+
+
+def test_nothing_claimable_returns_none(make_todo: MakeTodo) -> None:
+    """Empty queues, other queues, future retries and valid leases are not claimable."""
+    make_todo(queue="other")
+    make_todo(next_retry_in=timedelta(minutes=1))
+    make_todo(state=State.CLAIMED)
+    make_todo(state=State.DONE)
+    make_todo(state=State.FAILED)
+    assert Todo.objects.claim_next("default", "w1", 30) is None
+    assert Todo.objects.claim_batch("default", "w1", 30, limit=10) == []
+
+
+def test_oldest_first_across_queues(make_todo: MakeTodo) -> None:
+    """Several queues are served in the order their todos became claimable."""
+    newest = make_todo(queue="a", created_ago=timedelta(seconds=1))
+    oldest = make_todo(queue="b", created_ago=timedelta(seconds=30))
+    middle = make_todo(queue="a", created_ago=timedelta(seconds=10))
+    claimed = Todo.objects.claim_batch(["a", "b"], "w1", 30, limit=10)
+    assert [todo.id for todo in claimed] == [oldest.id, middle.id, newest.id]
+
+
+def test_a_due_retry_queues_behind_work_that_was_waiting(make_todo: MakeTodo) -> None:
+    """A retry counts from when it became due, not from when it was created."""
+    retried = make_todo(created_ago=timedelta(hours=1), next_retry_in=timedelta(seconds=-1))
+    waiting = make_todo(created_ago=timedelta(seconds=30))
+    lapsed = make_todo(
+        state=State.CLAIMED, created_ago=timedelta(hours=2), lease_expires_in=timedelta(seconds=-2)
+    )
+    claimed = Todo.objects.claim_batch("default", "w2", 30, limit=10)
+    assert [todo.id for todo in claimed] == [waiting.id, lapsed.id, retried.id]
+
+
+def test_limit_holds_across_queues_and_branches(make_todo: MakeTodo) -> None:
+    """However many queues and kinds of claimable todo there are, at most `limit` come back."""
+    for queue in ("a", "b", "c"):
+        make_todo(queue=queue)
+        make_todo(queue=queue, next_retry_in=timedelta(seconds=-1))
+        make_todo(queue=queue, state=State.CLAIMED, lease_expires_in=LAPSED)
+    assert len(Todo.objects.claim_batch(["a", "b", "c"], "w1", 30, limit=2)) == 2
+    assert len(Todo.objects.claim_batch(["a", "b", "c"], "w1", 30, limit=100)) == 7
+
+
+def test_assigned_todos_go_to_their_assignee_only(make_todo: MakeTodo) -> None:
+    """An assigned todo is invisible to other owners."""
+    assigned = make_todo(assignee="bob")
+    assert Todo.objects.claim_next("default", "alice", 30) is None
+    claimed = Todo.objects.claim_next("default", "bob", 30)
+    assert claimed is not None and claimed.id == assigned.id
+
+
+def test_a_lapsed_lease_with_no_attempts_left_is_left_for_the_reaper(make_todo: MakeTodo) -> None:
+    """The claim scan never hands out an attempt past max_attempts."""
+    make_todo(state=State.CLAIMED, attempt=5, max_attempts=5, lease_expires_in=LAPSED)
+    assert Todo.objects.claim_next("default", "w2", 30) is None
+
+
+def test_claiming_clears_the_retry_time(make_todo: MakeTodo) -> None:
+    """A claimed todo has no next_retry_at; its lease is what counts now."""
+    make_todo(next_retry_in=timedelta(seconds=-1))
+    claimed = Todo.objects.claim_next("default", "w1", timedelta(seconds=45))
+    assert claimed is not None
+    assert claimed.next_retry_at is None
+    assert claimed.lease_expires_at is not None and claimed.claimed_at is not None
+    assert claimed.lease_expires_at - claimed.claimed_at == timedelta(seconds=45)
+
+
+def test_reap_requeues_lapsed_and_dead_letters_exhausted(make_todo: MakeTodo) -> None:
+    """Each lapsed lease goes back to pending, or to failed on its last attempt."""
+    lapsed = make_todo(state=State.CLAIMED, attempt=1, lease_expires_in=LAPSED)
+    exhausted = make_todo(
+        state=State.CLAIMED, attempt=3, max_attempts=3, lease_expires_in=LAPSED, owner="w9"
+    )
+    valid = make_todo(state=State.CLAIMED, lease_expires_in=timedelta(seconds=30))
+    others = [make_todo(), make_todo(state=State.DONE), make_todo(state=State.FAILED)]
+
+    assert tuple(Todo.objects.reap_expired()) == (1, 1)
+
+    requeued = Todo.objects.get(pk=lapsed.pk)
+    assert (requeued.state, requeued.owner, requeued.lease_expires_at) == (
+        State.PENDING,
+        None,
+        None,
+    )
+    assert (requeued.attempt, requeued.next_retry_at) == (1, None)
+    assert requeued.errors[-1]["error"]["type"] == "LeaseExpired"
+    dead = Todo.objects.get(pk=exhausted.pk)
+    assert (dead.state, dead.owner) == (State.FAILED, None)
+    assert dead.completed_at is not None
+    assert dead.result == {
+        "type": "LeaseExpired",
+        "message": "The lease lapsed on the last attempt.",
+    }
+    assert dead.errors[-1]["owner"] == "w9"
+    assert Todo.objects.get(pk=valid.pk).updated_at == valid.updated_at
+    for todo in others:
+        assert Todo.objects.get(pk=todo.pk).updated_at == todo.updated_at
+    assert tuple(Todo.objects.reap_expired()) == (0, 0)

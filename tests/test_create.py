@@ -1,0 +1,228 @@
+"""Enqueueing: validation before any write, deduplication by idempotency key, scheduling."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from switchboard_todos import validation
+from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.models import Event, State, Todo
+
+MakeTodo = Callable[..., Todo]
+
+
+def test_create_todo_returns_the_new_pending_todo(db: None) -> None:
+    """A new todo is pending, with every argument stored, in one statement."""
+    event = Event.objects.create(source="github", kind="push")
+    with CaptureQueriesContext(connection) as queries:
+        todo, created = Todo.objects.create_todo(
+            queue="emails",
+            kind="email.send",
+            title="Welcome mail",
+            payload={"to": "a@example.com"},
+            source="signup",
+            idempotency_key="user-1",
+            assignee="mailer",
+            max_attempts=3,
+            event=event,
+        )
+    assert len(queries) == 1
+    assert created
+    assert todo == Todo.objects.get(queue="emails")
+    assert (todo.state, todo.attempt, todo.max_attempts) == (State.PENDING, 0, 3)
+    assert (todo.kind, todo.title, todo.source) == ("email.send", "Welcome mail", "signup")
+    assert (todo.payload, todo.idempotency_key, todo.assignee) == (
+        {"to": "a@example.com"},
+        "user-1",
+        "mailer",
+    )
+    assert todo.event_id == event.id
+    assert todo.next_retry_at is None
+
+
+def test_a_duplicate_key_returns_the_live_todo(make_todo: MakeTodo) -> None:
+    """A second delivery with the same key creates nothing and returns the first todo."""
+    first, created = Todo.objects.create_todo(kind="k", idempotency_key="delivery-7")
+    second, created_again = Todo.objects.create_todo(
+        kind="other", idempotency_key="delivery-7", payload={"ignored": True}
+    )
+    assert (created, created_again) == (True, False)
+    assert second == first and second.payload == {}
+    assert Todo.objects.count() == 1
+
+
+@pytest.mark.parametrize("state", [State.PENDING, State.CLAIMED])
+def test_live_todos_hold_their_key(make_todo: MakeTodo, state: str) -> None:
+    """Pending and claimed todos deduplicate (a retry waiting is pending, so it holds too)."""
+    live = make_todo(state=state, idempotency_key="k", next_retry_in=None)
+    assert Todo.objects.create_todo(kind="k", idempotency_key="k") == (live, False)
+
+
+@pytest.mark.parametrize("state", [State.DONE, State.FAILED])
+def test_finished_todos_release_their_key(make_todo: MakeTodo, state: str) -> None:
+    """After done or dead-lettered, the same key enqueues new work."""
+    make_todo(state=state, idempotency_key="k")
+    todo, created = Todo.objects.create_todo(kind="k", idempotency_key="k")
+    assert created and todo.state == State.PENDING
+
+
+def test_keys_are_per_queue(db: None) -> None:
+    """The same key in two queues makes two todos."""
+    Todo.objects.create_todo(queue="a", kind="k", idempotency_key="k")
+    _, created = Todo.objects.create_todo(queue="b", kind="k", idempotency_key="k")
+    assert created
+
+
+def test_no_key_never_deduplicates(db: None) -> None:
+    """Without an idempotency key every call creates a todo."""
+    for _ in range(3):
+        assert Todo.objects.create_todo(kind="k")[1]
+    assert Todo.objects.count() == 3
+
+
+def test_run_after_schedules_the_todo(db: None) -> None:
+    """A future run_after is not claimable until it passes."""
+    later = datetime.now(UTC) + timedelta(hours=1)
+    todo, _ = Todo.objects.create_todo(kind="k", run_after=later)
+    assert todo.next_retry_at == later
+    assert Todo.objects.claim_next("default", "w1", 30) is None
+
+
+def test_a_past_run_after_is_ready_now(db: None) -> None:
+    """run_after in the past is the same as none: the todo joins the ready queue."""
+    todo, _ = Todo.objects.create_todo(kind="k", run_after=datetime(2000, 1, 1, tzinfo=UTC))
+    assert todo.next_retry_at is None
+    assert Todo.objects.claim_next("default", "w1", 30) == todo
+
+
+def test_event_by_id(db: None) -> None:
+    """event accepts an Event or its id."""
+    event = Event.objects.create(source="s")
+    todo, _ = Todo.objects.create_todo(kind="k", event=event.id)
+    assert todo.event == event
+
+
+LONG = "x" * 10_000
+
+INVALID_CREATES: list[tuple[dict[str, Any], str]] = [
+    ({"queue": ""}, "queue must not be empty"),
+    ({"queue": "has space"}, "is not a valid queue name"),
+    ({"queue": "q" * (validation.QUEUE_MAX_LENGTH + 1)}, "the limit is 100"),
+    ({"queue": None}, "queue must be a str, not NoneType"),
+    ({"kind": "", "title": ""}, "needs a kind or a title"),
+    ({"kind": "two words"}, "must not contain whitespace"),
+    ({"kind": "k" * (validation.KIND_MAX_LENGTH + 1)}, "kind is 201 characters long"),
+    ({"title": LONG}, "title is 10000 characters long"),
+    ({"title": "nul\x00"}, "must not contain NUL"),
+    ({"source": LONG}, "source is 10000 characters long"),
+    ({"idempotency_key": ""}, "idempotency_key must not be empty"),
+    ({"idempotency_key": LONG}, "idempotency_key is 10000 characters long"),
+    ({"idempotency_key": 7}, "idempotency_key must be a str, not int"),
+    ({"assignee": " "}, "assignee must not be empty"),
+    ({"payload": ["a list"]}, "payload must be a dict"),
+    ({"payload": {"when": datetime.now(UTC)}}, "payload is not JSON-serializable"),
+    ({"payload": {"amount": Decimal("1.5")}}, "payload is not JSON-serializable"),
+    ({"payload": {"x": float("nan")}}, "payload is not JSON-serializable"),
+    ({"payload": {"x": "\x00"}}, "must not contain NUL"),
+    ({"max_attempts": 0}, "max_attempts must be between 1 and 1000, not 0"),
+    ({"max_attempts": -3}, "max_attempts must be between 1 and 1000"),
+    ({"max_attempts": True}, "max_attempts must be an int, not bool"),
+    ({"max_attempts": "5"}, "max_attempts must be an int, not str"),
+    ({"run_after": datetime(2030, 1, 1)}, "run_after must be an aware datetime; this one has no"),
+    ({"run_after": "2030-01-01"}, "run_after must be an aware datetime, not str"),
+    ({"run_after": timedelta(minutes=5)}, "run_after must be an aware datetime, not timedelta"),
+    ({"event": Event(source="unsaved", id=None)}, "event must be a saved Event"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "message"), INVALID_CREATES)
+def test_bad_input_raises_before_any_write(
+    db: None, arguments: dict[str, Any], message: str
+) -> None:
+    """Each kind of bad input raises InvalidTodo (a ValueError) and writes nothing."""
+    with CaptureQueriesContext(connection) as queries, pytest.raises(InvalidTodo) as caught:
+        Todo.objects.create_todo(**{"kind": "k", **arguments})
+    assert message in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+    assert len(queries) == 0
+
+
+def test_oversize_payload(db: None, settings: Any) -> None:
+    """A payload over SWITCHBOARD_TODOS_MAX_JSON_BYTES is refused with its size."""
+    settings.SWITCHBOARD_TODOS_MAX_JSON_BYTES = 100
+    with pytest.raises(InvalidTodo, match=r"payload is 1\d\d bytes as JSON; the limit is 100"):
+        Todo.objects.create_todo(kind="k", payload={"blob": "y" * 100})
+    assert not Todo.objects.exists()
+
+
+def test_create_many_in_one_statement(db: None) -> None:
+    """A batch is one statement; results come back in input order."""
+    specs = [{"kind": f"k{index}", "payload": {"n": index}} for index in range(50)]
+    with CaptureQueriesContext(connection) as queries:
+        results = Todo.objects.create_many(specs)
+    assert len(queries) == 1
+    assert [todo.kind for todo, _ in results] == [f"k{index}" for index in range(50)]
+    assert all(created for _, created in results)
+    assert Todo.objects.count() == 50
+
+
+def test_create_many_deduplicates_within_and_across_batches(make_todo: MakeTodo) -> None:
+    """Keys held by live todos, or repeated in the batch, return the holder with created=False."""
+    live = make_todo(idempotency_key="old")
+    results = Todo.objects.create_many(
+        [
+            {"kind": "k", "idempotency_key": "old"},
+            {"kind": "k", "idempotency_key": "new"},
+            {"kind": "k", "idempotency_key": "new"},
+            {"kind": "k", "queue": "other", "idempotency_key": "old"},
+        ]
+    )
+    assert [created for _, created in results] == [False, True, False, True]
+    assert results[0][0] == live
+    assert results[2][0] == results[1][0]
+    assert Todo.objects.count() == 3
+
+
+def test_create_many_validates_everything_first(db: None) -> None:
+    """One bad todo in a batch raises, naming it, and writes none of the batch."""
+    with pytest.raises(InvalidTodo, match="todo #1: max_attempts"):
+        Todo.objects.create_many([{"kind": "k"}, {"kind": "k", "max_attempts": 0}])
+    with pytest.raises(InvalidTodo, match="todo #0: .*unexpected keyword argument 'colour'"):
+        Todo.objects.create_many([{"kind": "k", "colour": "red"}])
+    assert not Todo.objects.exists()
+    assert Todo.objects.create_many([]) == []
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: Todo.objects.claim_next("default", "", 30), "owner must not be empty"),
+        (lambda: Todo.objects.claim_next("default", None, 30), "owner must be a str"),  # type: ignore[arg-type]
+        (lambda: Todo.objects.claim_next("default", "w\n1", 30), "control characters"),
+        (lambda: Todo.objects.claim_next("default", "w1", 0), "ttl must be more than zero"),
+        (lambda: Todo.objects.claim_next("default", "w1", -1), "ttl must be more than zero"),
+        (lambda: Todo.objects.claim_next("default", "w1", float("inf")), "must be finite"),
+        (lambda: Todo.objects.claim_next("default", "w1", "30"), "ttl must be a timedelta"),  # type: ignore[arg-type]
+        (lambda: Todo.objects.claim_next("default", "w1", 86_400), "at most 12:00:00"),
+        (lambda: Todo.objects.claim_next([], "w1", 30), "at least one queue"),
+        (lambda: Todo.objects.claim_next(["a", "b c"], "w1", 30), "not a valid queue name"),
+        (lambda: Todo.objects.claim_batch("a", "w1", 30, limit=0), "limit must be between"),
+        (lambda: Todo.objects.heartbeat("td_x", "w1", timedelta(0)), "ttl must be more"),
+        (lambda: Todo.objects.complete("td_x", "w1", {1j}), "result is not JSON"),
+        (lambda: Todo.objects.fail("td_x", "w1", 42), "error must be a str, a dict or an"),
+        (lambda: Todo.objects.fail("td_x", "w1", "e", retry_in=-5), "retry_in must be zero"),
+        (lambda: Todo.objects.release("td_x", "w1", delay=10**12), "delay must be at most"),
+    ],
+)
+def test_bad_arguments_to_transitions(db: None, call: Callable[[], object], message: str) -> None:
+    """Transitions validate before running any statement."""
+    with CaptureQueriesContext(connection) as queries, pytest.raises(InvalidTodo, match=message):
+        call()
+    assert len(queries) == 0

@@ -1,0 +1,96 @@
+"""The example project's settings, read from the environment in a fresh process each."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+PRODUCTION = {
+    "SECRET_KEY": secrets.token_urlsafe(50),
+    "ALLOWED_HOSTS": "switchboard.example.com",
+    "SECURE_HSTS_SECONDS": "31536000",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
+    "SECURE_HSTS_PRELOAD": "1",
+    "SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
+    "WEBHOOK_SECRETS": "github=s3cret=,shop=0ther",
+    "WEBHOOK_MAX_BYTES": "2048",
+}
+
+#: Printed by a child process: the settings these tests look at.
+SHOW = """
+import json, django
+from django.conf import settings
+django.setup()
+names = ["DEBUG", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "SECURE_PROXY_SSL_HEADER",
+         "WEBHOOK_SECRETS", "WEBHOOK_MAX_BYTES", "INSTALLED_APPS"]
+print(json.dumps({name: getattr(settings, name) for name in names}))
+"""
+
+
+def example(
+    subprocess_env: dict[str, str], environment: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `args` with the example project's settings and exactly `environment` for them."""
+    env = {
+        name: value
+        for name, value in subprocess_env.items()
+        if name not in PRODUCTION and name not in ("DEBUG", "SECRET_KEY")
+    }
+    env.update(environment, DJANGO_SETTINGS_MODULE="example_project.settings")
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_check_deploy_is_clean_with_production_values(subprocess_env: dict[str, str]) -> None:
+    """`check --deploy` reports nothing, not even a warning, for a production environment."""
+    checked = example(
+        subprocess_env, PRODUCTION, "manage.py", "check", "--deploy", "--fail-level", "WARNING"
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert "System check identified no issues" in checked.stdout
+
+
+def test_production_values_are_read(subprocess_env: dict[str, str]) -> None:
+    """DEBUG is off by default; HTTPS protections, proxy header and webhook settings apply."""
+    shown = example(subprocess_env, PRODUCTION, "-c", SHOW)
+    assert shown.returncode == 0, shown.stderr
+    values = json.loads(shown.stdout)
+    assert "example_project" in values.pop("INSTALLED_APPS")  # so its handlers are discovered
+    assert values == {
+        "DEBUG": False,
+        "SECURE_SSL_REDIRECT": True,
+        "SESSION_COOKIE_SECURE": True,
+        "SECURE_PROXY_SSL_HEADER": ["HTTP_X_FORWARDED_PROTO", "https"],
+        "WEBHOOK_SECRETS": {"github": "s3cret=", "shop": "0ther"},
+        "WEBHOOK_MAX_BYTES": 2048,
+    }
+
+
+def test_debug_runs_without_a_secret_key_and_over_plain_http(
+    subprocess_env: dict[str, str],
+) -> None:
+    """DEBUG=1 makes a throwaway key and drops the HTTPS redirect, for local development."""
+    shown = example(subprocess_env, {"DEBUG": "1"}, "-c", SHOW)
+    assert shown.returncode == 0, shown.stderr
+    values = json.loads(shown.stdout)
+    assert (values["DEBUG"], values["SECURE_SSL_REDIRECT"]) == (True, False)
+    assert (values["WEBHOOK_SECRETS"], values["WEBHOOK_MAX_BYTES"]) == ({}, 1024 * 1024)
+
+
+@pytest.mark.parametrize("debug", [None, "0"])
+def test_no_secret_key_without_debug_is_refused(
+    subprocess_env: dict[str, str], debug: str | None
+) -> None:
+    """DEBUG off (the default) and no SECRET_KEY: the process stops, saying how to set one."""
+    environment = {} if debug is None else {"DEBUG": debug}
+    checked = example(subprocess_env, environment, "manage.py", "check")
+    assert checked.returncode != 0
+    assert "ImproperlyConfigured: SECRET_KEY is not set." in checked.stderr
+    assert "or set DEBUG=1 for local development" in checked.stderr

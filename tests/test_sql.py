@@ -1,0 +1,181 @@
+"""The SQL file itself: every statement loads and parses, and the hot paths use their indexes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+import switchboard_todos
+from switchboard_todos.models import State, Todo
+from switchboard_todos.sql import parse, queries
+
+#: The manager methods each statement backs (claim_batch shares claim_next's statement).
+STATEMENTS = {
+    "create_todo",
+    "create_many",
+    "claim_next",
+    "claim",
+    "heartbeat",
+    "complete",
+    "complete_many",
+    "fail",
+    "release",
+    "reap_expired",
+    "requeue",
+    "classify_miss",
+}
+
+
+PARAM = re.compile(r"%\((\w+)\)s")
+
+
+def test_every_statement_is_loaded_and_used() -> None:
+    """Each transition has its named statement, and no statement is dead code."""
+    assert set(queries) >= STATEMENTS
+    package = Path(switchboard_todos.__file__).parent
+    source = "\n".join(path.read_text() for path in package.rglob("*.py"))
+    for name in queries:
+        assert f'"{name}"' in source, f"statement {name} is never run"
+
+
+def test_parse_refuses_a_name_given_twice() -> None:
+    """Two blocks with one name would silently shadow each other."""
+    with pytest.raises(ValueError, match="'x' is defined twice"):
+        parse("-- name: x\nSELECT 1;\n-- name: x\nSELECT 2;\n")
+
+
+def test_statements_are_valid_sql(db: None) -> None:
+    """PostgreSQL accepts every statement (PREPARE parses and plans without running it)."""
+    with connection.cursor() as cursor:
+        for name, sql in queries.items():
+            without_params = PARAM.sub("NULL", sql)
+            cursor.execute(f"PREPARE check_{name} AS {without_params}")
+            cursor.execute(f"DEALLOCATE check_{name}")
+
+
+def test_state_values_match_the_check_constraint(db: None) -> None:
+    """The CHECK constraint on todos.state allows exactly State.values."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conname = 'todos_state_check'"
+        )
+        definition = cursor.fetchone()[0]
+    assert sorted(re.findall(r"'(\w+)'::text", definition)) == sorted(State.values)
+
+
+def test_schema_indexes_are_exactly_the_justified_ones(db: None) -> None:
+    """No index the hot path does not use (such as Django's *_like copies of text keys)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename IN ('todos', 'events')")
+        names = {row[0] for row in cursor.fetchall()}
+    assert not {name for name in names if name.endswith("_like")}
+    assert {
+        "todos_pkey",
+        "events_pkey",
+        "idx_todos_pending",
+        "idx_todos_scheduled",
+        "idx_todos_dedupe",
+        "idx_todos_lease",
+        "idx_todos_event",
+        "idx_events_delivery",
+    } <= names
+
+
+def test_raw_sql_insert_gets_every_default(db: None) -> None:
+    """Another service can enqueue with plain SQL and the row is a valid pending todo."""
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO todos (queue, title) VALUES ('raw', 'from Go') RETURNING id")
+        todo_id = cursor.fetchone()[0]
+    todo = Todo.objects.get(pk=todo_id)
+    assert re.fullmatch(r"td_[0-9a-f-]{36}", todo.id)
+    assert (todo.state, todo.attempt, todo.max_attempts) == (State.PENDING, 0, 5)
+    assert (todo.payload, todo.errors) == ({}, [])
+    assert todo.created_at is not None and todo.updated_at is not None
+    assert Todo.objects.claim_next("raw", "w1", 30) == todo
+
+
+def test_deleting_an_event_unlinks_its_todos_in_the_database(db: None) -> None:
+    """The foreign key is ON DELETE SET NULL in PostgreSQL, whoever deletes the event."""
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO events (source, kind) VALUES ('github', 'push') RETURNING id")
+        event_id = cursor.fetchone()[0]
+        todo, _ = Todo.objects.create_todo(kind="k", event=event_id)
+        cursor.execute("DELETE FROM events WHERE id = %s", [event_id])
+    assert Todo.objects.get(pk=todo.pk).event_id is None
+
+
+def explain(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The JSON plan of a named statement, without running it."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {queries[name]}", params)
+        plan = cursor.fetchone()[0]
+    return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]  # type: ignore[no-any-return]
+
+
+def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(nodes(child))
+    return found
+
+
+@pytest.fixture
+def backlog(db: None) -> None:
+    """Twenty thousand pending todos over three queues, some waiting for a retry; analyzed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO todos (queue, kind, created_at, next_retry_at)
+            SELECT (ARRAY['a', 'b', 'c'])[1 + g % 3], 'k', now() - g * interval '1 second',
+                   CASE WHEN g % 10 = 0 THEN now() + interval '1 hour' END
+              FROM generate_series(1, 20000) AS g
+            """
+        )
+        cursor.execute("ANALYZE todos")
+
+
+@pytest.mark.parametrize("queues", [["a"], ["a", "b"], ["a", "b", "c", "d"]])
+def test_claim_next_is_an_index_scan_per_queue(backlog: None, queues: list[str]) -> None:
+    """For one queue or several, the claim never scans or sorts the backlog itself."""
+    plan = explain("claim_next", {"queues": queues, "owner": "w1", "ttl": "30s", "limit": 1})
+    scans = {(node["Node Type"], node.get("Index Name")) for node in nodes(plan)}
+    assert ("Index Scan", "idx_todos_pending") in scans
+    assert ("Index Scan", "idx_todos_scheduled") in scans
+    todo_scans = [
+        n for n in nodes(plan) if n.get("Relation Name") == "todos" and "Scan" in n["Node Type"]
+    ]
+    assert all(node["Node Type"] == "Index Scan" for node in todo_scans), todo_scans
+    sorts = [node for node in nodes(plan) if node["Node Type"] == "Sort"]
+    # The only sorts merge the few candidates the per-queue scans returned.
+    assert all(node["Plan Rows"] <= 3 * len(queues) for node in sorts), sorts
+
+
+def test_reap_uses_the_lease_index(backlog: None) -> None:
+    """The reaper reads only in-flight rows, through idx_todos_lease."""
+    plan = explain("reap_expired", {})
+    assert "idx_todos_lease" in {node.get("Index Name") for node in nodes(plan)}
+
+
+def test_create_todo_conflict_target_matches_the_dedupe_index(db: None) -> None:
+    """ON CONFLICT infers idx_todos_dedupe (a mismatch would be an error, not a duplicate)."""
+    params = {
+        "queue": "q",
+        "source": "",
+        "kind": "k",
+        "title": "",
+        "payload": "{}",
+        "event_id": None,
+        "idempotency_key": "key",
+        "assignee": None,
+        "max_attempts": 5,
+        "run_after": None,
+    }
+    plan = explain("create_todo", params)
+    conflicts = [node for node in nodes(plan) if node.get("Conflict Resolution")]
+    assert conflicts[0]["Conflict Arbiter Indexes"] == ["idx_todos_dedupe"]
