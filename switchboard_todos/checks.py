@@ -86,6 +86,15 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 id="switchboard_todos.E006",
             )
         )
+    listen = getattr(settings, "SWITCHBOARD_TODOS_LISTEN", DEFAULTS["LISTEN"])
+    if not isinstance(listen, bool):
+        errors.append(
+            checks.Error(
+                f"SWITCHBOARD_TODOS_LISTEN must be True or False, not {listen!r}.",
+                hint="Set it to False behind a transaction-pooling PgBouncer, else remove it.",
+                id="switchboard_todos.E008",
+            )
+        )
     return errors
 
 

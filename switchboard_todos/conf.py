@@ -17,6 +17,9 @@ DEFAULTS: dict[str, Any] = {
     "BACKOFF_JITTER": 0.5,
     # Largest payload, result or error accepted, in bytes of JSON.
     "MAX_JSON_BYTES": 1024 * 1024,
+    # Wake waiting workers and blocking claims through LISTEN/NOTIFY; turn off behind a
+    # transaction-pooling PgBouncer, which cannot deliver notifications (they then poll).
+    "LISTEN": True,
 }
 
 
@@ -41,6 +44,10 @@ class Settings:
     @property
     def MAX_JSON_BYTES(self) -> int:
         return int(self._get("MAX_JSON_BYTES"))
+
+    @property
+    def LISTEN(self) -> bool:
+        return bool(self._get("LISTEN"))
 
 
 conf = Settings()

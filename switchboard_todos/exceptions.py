@@ -29,3 +29,11 @@ class TodoConflict(TodoError):
 
 class InvalidTodo(TodoError, ValueError):
     """An argument is malformed; raised before anything is written."""
+
+
+class UnknownKind(TodoError, LookupError):
+    """The worker has no handler for a todo's kind; the todo fails with this error."""
+
+
+class LeaseExpired(TodoError):
+    """Names a lapsed attempt in a todo's error history ("LeaseExpired"); never raised."""

@@ -11,7 +11,8 @@ the worker at start) imports them all, as the admin does with `admin.py`.
 
 A handler receives the claimed `Todo` and returns the JSON result stored by `complete`; an
 exception fails the attempt (retried with backoff, dead-lettered at `max_attempts`). Todos are
-delivered at least once, so a handler must be safe to run twice for the same todo.
+delivered at least once, so a handler must be safe to run twice for the same todo. A handler
+may be a coroutine function (`async def`); the worker runs it to completion on its thread.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
 
 Handler = Callable[["Todo"], Any]
 H = TypeVar("H", bound=Handler)
+
+#: The `source` of the todos enqueued through django.tasks (`backends.TodoBackend`); the worker
+#: runs them by their task's module path, `kind`, not through this registry.
+TASKS_SOURCE = "django.tasks"
 
 _registry: dict[str, Handler] = {}
 

@@ -20,6 +20,7 @@ from switchboard_todos import validation
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
+from switchboard_todos.listen import BlockingClaim
 from switchboard_todos.sql import queries
 from switchboard_todos.validation import Seconds
 
@@ -127,6 +128,7 @@ class TodoManager(models.Manager["Todo"]):
             "assignees": [p["assignee"] for p in batch],
             "max_attempts": [p["max_attempts"] for p in batch],
             "run_afters": [p["run_after"] for p in batch],
+            "notify": conf.LISTEN,
         }
         by_id: dict[str, Todo] = {}
         live: dict[tuple[str, str | None], Todo] = {}
@@ -163,24 +165,94 @@ class TodoManager(models.Manager["Todo"]):
 
     # Claiming
 
-    def claim_next(self, queues: str | Iterable[str], owner: str, ttl: Seconds) -> Todo | None:
+    def claim_next(
+        self,
+        queues: str | Iterable[str],
+        owner: str,
+        ttl: Seconds,
+        *,
+        wait: Seconds | None = None,
+    ) -> Todo | None:
         """Claim the longest-claimable todo in `queues` for `owner`, or return None.
 
-        One statement; rows other workers are claiming are skipped, never waited for.
+        One statement; rows other workers are claiming are skipped, never waited for. With
+        `wait`, block until a todo is claimable or `wait` has passed (SQS long polling),
+        woken by LISTEN/NOTIFY (unless SWITCHBOARD_TODOS_LISTEN is off) and polling.
         """
-        claimed = self.claim_batch(queues, owner, ttl, limit=1)
+        claimed = self.claim_batch(queues, owner, ttl, limit=1, wait=wait)
         return claimed[0] if claimed else None
 
     def claim_batch(
-        self, queues: str | Iterable[str], owner: str, ttl: Seconds, limit: int
+        self,
+        queues: str | Iterable[str],
+        owner: str,
+        ttl: Seconds,
+        limit: int,
+        *,
+        wait: Seconds | None = None,
     ) -> list[Todo]:
-        """Claim up to `limit` claimable todos in `queues` for `owner`, oldest first."""
-        params = {
-            "queues": validation.queues(queues),
-            "owner": validation.owner(owner),
-            "ttl": validation.ttl(ttl),
-            "limit": validation.whole_number(limit, "limit", 1, validation.CLAIM_BATCH_LIMIT),
-        }
+        """Claim up to `limit` claimable todos in `queues` for `owner`, oldest first.
+
+        With `wait`, block until at least one is claimable or `wait` has passed.
+        """
+        params = _claim_params(queues, owner, ttl, limit)
+        seconds = 0.0 if wait is None else validation.wait(wait)
+        claimed = self._claim(params)
+        if claimed or not seconds:
+            return claimed
+        waiting = BlockingClaim(self._db_alias, params["queues"], seconds, listen=conf.LISTEN)
+        waiting.start()
+        try:
+            while True:
+                claimed = self._claim(params)
+                pause = waiting.pause()
+                if claimed or pause is None:
+                    return claimed
+                waiting.doorbell.wait(pause)
+        finally:
+            waiting.close()
+
+    async def aclaim_batch(
+        self,
+        queues: str | Iterable[str],
+        owner: str,
+        ttl: Seconds,
+        limit: int,
+        *,
+        wait: Seconds | None = None,
+    ) -> list[Todo]:
+        """Async twin of `claim_batch`; a blocking claim waits without holding a thread."""
+        params = _claim_params(queues, owner, ttl, limit)
+        seconds = 0.0 if wait is None else validation.wait(wait)
+        claim = sync_to_async(self._claim, thread_sensitive=True)
+        claimed = await claim(params)
+        if claimed or not seconds:
+            return claimed
+        waiting = BlockingClaim(self._db_alias, params["queues"], seconds, listen=conf.LISTEN)
+        await sync_to_async(waiting.start, thread_sensitive=False)()
+        try:
+            while True:
+                claimed = await claim(params)
+                pause = waiting.pause()
+                if claimed or pause is None:
+                    return claimed
+                await waiting.doorbell.await_ring(pause)
+        finally:
+            waiting.close()
+
+    async def aclaim_next(
+        self,
+        queues: str | Iterable[str],
+        owner: str,
+        ttl: Seconds,
+        *,
+        wait: Seconds | None = None,
+    ) -> Todo | None:
+        """Async twin of `claim_next`."""
+        claimed = await self.aclaim_batch(queues, owner, ttl, limit=1, wait=wait)
+        return claimed[0] if claimed else None
+
+    def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
         return [todo for todo, _ in self._run("claim_next", params)]
 
     def claim(self, todo_id: str, owner: str, ttl: Seconds) -> Todo:
@@ -242,6 +314,7 @@ class TodoManager(models.Manager["Todo"]):
             "delays": retry_schedule(
                 base=conf.BACKOFF_BASE, cap=conf.BACKOFF_MAX, jitter=conf.BACKOFF_JITTER
             ),
+            "notify": conf.LISTEN,
         }
         return self._transition("fail", params) or self._classify_miss("fail", todo_id, owner)
 
@@ -251,6 +324,7 @@ class TodoManager(models.Manager["Todo"]):
             "todo_id": todo_id,
             "owner": validation.owner(owner),
             "delay": validation.delay(0 if delay is None else delay, "delay"),
+            "notify": conf.LISTEN,
         }
         return self._transition("release", params) or self._classify_miss("release", todo_id, owner)
 
@@ -259,7 +333,7 @@ class TodoManager(models.Manager["Todo"]):
     def reap_expired(self) -> ReapResult:
         """Requeue every todo whose lease lapsed, or dead-letter it when no attempt is left."""
         with self._cursor() as cursor:
-            cursor.execute(queries["reap_expired"])
+            cursor.execute(queries["reap_expired"], {"notify": conf.LISTEN})
             requeued, dead_lettered = cursor.fetchone()
         return ReapResult(requeued=requeued, dead_lettered=dead_lettered)
 
@@ -277,7 +351,7 @@ class TodoManager(models.Manager["Todo"]):
         """Run `requeue`; when a todo with a requeued key appears mid-statement, go one by one."""
         try:
             with transaction.atomic(using=self._db_alias):
-                return self._rows("requeue", {"ids": ids})
+                return self._rows("requeue", {"ids": ids, "notify": conf.LISTEN})
         except IntegrityError as error:
             # A todo with the same key was created between the guard's check and the write.
             if _constraint_name(error) != "idx_todos_dedupe":
@@ -288,7 +362,7 @@ class TodoManager(models.Manager["Todo"]):
 
     def expire_lease(self, todo_id: str) -> Todo:
         """Make a claimed todo's lease lapse now, so the reaper or the next claim takes it back."""
-        params = {"ids": validation.todo_ids([todo_id])}
+        params = {"ids": validation.todo_ids([todo_id]), "notify": conf.LISTEN}
         return self._transition("expire_lease", params) or self._classify_miss(
             "expire_lease", todo_id, None
         )
@@ -296,7 +370,8 @@ class TodoManager(models.Manager["Todo"]):
     def expire_lease_many(self, todo_ids: Iterable[str]) -> BatchResult:
         """Expire the leases of many claimed todos in one statement."""
         ids = validation.todo_ids(todo_ids)
-        return self._batch_result("expire_lease", ids, self._rows("expire_lease", {"ids": ids}))
+        expired = self._rows("expire_lease", {"ids": ids, "notify": conf.LISTEN})
+        return self._batch_result("expire_lease", ids, expired)
 
     def dead_letter(self, todo_id: str, reason: str) -> Todo:
         """Cancel a pending todo: failed (a dead letter), `reason` kept as its result and error."""
@@ -402,8 +477,6 @@ class TodoManager(models.Manager["Todo"]):
 
     acreate_todo = _async_twin(create_todo)
     acreate_many = _async_twin(create_many)
-    aclaim_next = _async_twin(claim_next)
-    aclaim_batch = _async_twin(claim_batch)
     aclaim = _async_twin(claim)
     aheartbeat = _async_twin(heartbeat)
     acomplete = _async_twin(complete)
@@ -417,6 +490,18 @@ class TodoManager(models.Manager["Todo"]):
     aexpire_lease_many = _async_twin(expire_lease_many)
     adead_letter = _async_twin(dead_letter)
     adead_letter_many = _async_twin(dead_letter_many)
+
+
+def _claim_params(
+    queues: str | Iterable[str], owner: str, ttl: Seconds, limit: int
+) -> dict[str, Any]:
+    """Validate `claim_batch`'s arguments into the statement's parameters."""
+    return {
+        "queues": validation.queues(queues),
+        "owner": validation.owner(owner),
+        "ttl": validation.ttl(ttl),
+        "limit": validation.whole_number(limit, "limit", 1, validation.CLAIM_BATCH_LIMIT),
+    }
 
 
 def _creation_params(
@@ -450,6 +535,7 @@ def _creation_params(
         ),
         "event_id": _event_id(event),
         "run_after": validation.run_after(run_after),
+        "notify": conf.LISTEN,
     }
 
 

@@ -36,6 +36,8 @@ REASON_MAX_LENGTH = 1000
 MAX_LEASE = timedelta(hours=12)
 #: Longest release delay or explicit retry wait; catches milliseconds passed as seconds.
 MAX_DELAY = timedelta(days=30)
+#: Longest blocking claim (`wait=`); SQS stops at 20 seconds, HTTP long polls near a minute.
+MAX_WAIT = timedelta(minutes=15)
 
 _QUEUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 _NO_SPACE = re.compile(r"\S+")
@@ -169,6 +171,11 @@ def ttl(value: object) -> timedelta:
 def delay(value: object, name: str) -> timedelta:
     """A wait before a todo is claimable again: zero or more, at most MAX_DELAY."""
     return duration(value, name, maximum=MAX_DELAY, allow_zero=True)
+
+
+def wait(value: object) -> float:
+    """How long a blocking claim may wait, in seconds: zero (do not wait) up to MAX_WAIT."""
+    return duration(value, "wait", maximum=MAX_WAIT, allow_zero=True).total_seconds()
 
 
 def run_after(value: object) -> datetime | None:

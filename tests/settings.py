@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import environ
 
 from example_project.database import ensure_database_url
@@ -30,6 +32,15 @@ INSTALLED_APPS = [
     "switchboard_todos",
     "example_project",
 ]
+if find_spec("django.tasks") is None:  # Django 5.2: the Tasks framework is the backport
+    INSTALLED_APPS.append("django_tasks")
+
+TASKS = {
+    "default": {
+        "BACKEND": "switchboard_todos.backends.TodoBackend",
+        "QUEUES": ["default", "other"],
+    },
+}
 
 STATIC_URL = "static/"
 

@@ -158,7 +158,7 @@ def test_claim_next_is_an_index_scan_per_queue(backlog: None, queues: list[str])
 
 def test_reap_uses_the_lease_index(backlog: None) -> None:
     """The reaper reads only in-flight rows, through idx_todos_lease."""
-    plan = explain("reap_expired", {})
+    plan = explain("reap_expired", {"notify": True})
     assert "idx_todos_lease" in {node.get("Index Name") for node in nodes(plan)}
 
 
@@ -175,6 +175,7 @@ def test_create_todo_conflict_target_matches_the_dedupe_index(db: None) -> None:
         "assignee": None,
         "max_attempts": 5,
         "run_after": None,
+        "notify": True,
     }
     plan = explain("create_todo", params)
     conflicts = [node for node in nodes(plan) if node.get("Conflict Resolution")]

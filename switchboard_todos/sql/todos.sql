@@ -10,6 +10,13 @@
 -- a next_retry_at at that time, and a claimed todo whose lease lapsed at lease_expires_at.
 -- Claims take the longest-claimable first, so a retried todo queues behind work that was
 -- already waiting, as a message that becomes visible again does in SQS.
+--
+-- A statement that makes todos claimable right now also sends NOTIFY switchboard_todos with the
+-- queue name as payload, once per queue and statement (never per row), so that listening
+-- workers wake at once; %(notify)s (SWITCHBOARD_TODOS_LISTEN) turns that off. NOTIFY is
+-- transactional: it is delivered when the caller's transaction commits, and not at all if it
+-- rolls back. The "notified" CTE runs only because the final query references it, hence the
+-- always-true "WHERE (SELECT count(*) FROM notified) >= 0".
 
 -- name: create_todo
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
@@ -23,8 +30,12 @@ WITH inserted AS (
        WHERE idempotency_key IS NOT NULL AND state <> 'done' AND state <> 'failed'
     DO NOTHING
     RETURNING *
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM inserted WHERE next_retry_at IS NULL AND %(notify)s
 )
-SELECT *, true AS created FROM inserted
+SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
 SELECT *, false AS created
   FROM todos
@@ -54,8 +65,13 @@ inserted AS (
        WHERE idempotency_key IS NOT NULL AND state <> 'done' AND state <> 'failed'
     DO NOTHING
     RETURNING *
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM (SELECT DISTINCT queue FROM inserted WHERE next_retry_at IS NULL AND %(notify)s)
+           AS claimable
 )
-SELECT *, true AS created FROM inserted
+SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
 SELECT todos.*, false AS created
   FROM todos
@@ -183,6 +199,7 @@ RETURNING todos.id;
 -- name: fail
 -- Record a failed attempt: back to pending after a backoff below the cap, dead letter at it.
 -- %(delays)s is the backoff schedule, one entry per attempt; the last entry repeats.
+WITH failed AS (
 UPDATE todos
    SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
        next_retry_at = CASE WHEN attempt < max_attempts THEN now() + coalesce(
@@ -199,10 +216,17 @@ UPDATE todos
        completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
-RETURNING *;
+RETURNING *
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM failed WHERE state = 'pending' AND next_retry_at <= now() AND %(notify)s
+)
+SELECT * FROM failed WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: release
 -- Give the lease back without using up an attempt; claimable again after %(delay)s.
+WITH released AS (
 UPDATE todos
    SET state = 'pending',
        owner = NULL,
@@ -211,7 +235,13 @@ UPDATE todos
        next_retry_at = CASE WHEN %(delay)s::interval > interval '0' THEN now() + %(delay)s::interval END,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
-RETURNING *;
+RETURNING *
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM released WHERE next_retry_at IS NULL AND %(notify)s
+)
+SELECT * FROM released WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: reap_expired
 -- Return every lapsed lease to pending, or dead-letter it when its attempts are used up.
@@ -237,11 +267,17 @@ reaped AS (
            updated_at = now()
       FROM lapsed
      WHERE todos.id = lapsed.id
-    RETURNING todos.state
+    RETURNING todos.state, todos.queue
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM (SELECT DISTINCT queue FROM reaped WHERE state = 'pending' AND %(notify)s)
+           AS claimable
 )
 SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
        count(*) FILTER (WHERE state = 'failed') AS dead_lettered
-  FROM reaped;
+  FROM reaped
+ WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: requeue
 -- Operator redrive: dead letters in %(ids)s back to pending with a fresh attempt budget.
@@ -252,7 +288,8 @@ WITH wanted AS (
       FROM todos
      WHERE id = ANY (%(ids)s::text[]) AND state = 'failed'
      ORDER BY queue, coalesce(idempotency_key, id), created_at DESC, id
-)
+),
+requeued AS (
 UPDATE todos
    SET state = 'pending', attempt = 0, next_retry_at = NULL, owner = NULL,
        lease_expires_at = NULL, completed_at = NULL, updated_at = now()
@@ -263,15 +300,26 @@ UPDATE todos
          WHERE live.queue = todos.queue
            AND live.idempotency_key = todos.idempotency_key
            AND live.state <> 'done' AND live.state <> 'failed')
-RETURNING todos.*;
+RETURNING todos.*
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue) FROM requeued WHERE %(notify)s
+)
+SELECT * FROM requeued WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: expire_lease
 -- Operator: make the leases of the claimed todos in %(ids)s lapse now, so the reaper or the next
 -- claim takes them back. Guard: claimed. A lease that already lapsed keeps its time.
+WITH expired AS (
 UPDATE todos
    SET lease_expires_at = least(lease_expires_at, now()), updated_at = now()
  WHERE id = ANY (%(ids)s::text[]) AND state = 'claimed'
-RETURNING *;
+RETURNING *
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue) FROM expired WHERE %(notify)s
+)
+SELECT * FROM expired WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: dead_letter
 -- Operator cancel: the pending todos in %(ids)s become dead letters, %(reason)s recorded as the

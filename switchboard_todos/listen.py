@@ -1,0 +1,314 @@
+"""Instant wake-up on new work: one LISTEN connection fanned out to every waiter in the process.
+
+The statements of `sql/todos.sql` that make todos claimable right now send
+`NOTIFY switchboard_todos, '<queue>'`, delivered when their transaction commits. A `Listener`
+holds one dedicated connection that LISTENs on that channel and rings the `Doorbell` of each
+waiter interested in the queue. Waiters also poll: a todo whose retry time arrives or whose
+lease lapses sends no notification, nor does anything committed while the listener was
+reconnecting. Without LISTEN (PgBouncer in transaction mode cannot deliver notifications)
+everything still works, at polling latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import Error as DatabaseError
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+logger = logging.getLogger(__name__)
+
+#: The NOTIFY channel of `sql/todos.sql`; the payload is the queue name.
+CHANNEL = "switchboard_todos"
+#: Polling without LISTEN starts this fast after work was seen, then doubles up to the cap.
+POLL_MIN = 0.05
+#: The cap of a blocking claim's polling: how late it sees a retry come due or a lease lapse.
+POLL_MAX = 1.0
+#: How long `subscribe` waits for the listening connection before falling back to polling.
+CONNECT_TIMEOUT = 5.0
+#: How often the listener thread looks up from its connection to check whether to stop.
+_TICK = 0.25
+_RECONNECT_MAX = 5.0
+
+
+class Doorbell:
+    """Wakes the threads and coroutines waiting for work in some queues.
+
+    A ring nobody is waiting for is kept (up to `capacity`), so work that arrives between a
+    waiter's empty claim and its wait is not missed.
+    """
+
+    def __init__(self, queues: Iterable[str], *, capacity: int = 1) -> None:
+        self.queues = frozenset(queues)
+        self._capacity = capacity
+        self._rings = 0
+        self._condition = threading.Condition()
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def ring(self, count: int = 1) -> None:
+        """Wake up to `count` waiters, or keep the rings for the next ones."""
+        with self._condition:
+            for _ in range(count):
+                if self._async_waiters:
+                    loop, future = self._async_waiters.pop(0)
+                    loop.call_soon_threadsafe(_resolve, future)
+                elif self._rings < self._capacity:
+                    self._rings += 1
+            self._condition.notify(count)
+
+    def ring_all(self) -> None:
+        """Wake every waiter (after a reconnect, or to stop)."""
+        with self._condition:
+            count = self._capacity + len(self._async_waiters)
+        self.ring(count)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until rung or `timeout` seconds pass; True if rung."""
+        with self._condition:
+            if not self._rings:
+                self._condition.wait(timeout)
+            if self._rings:
+                self._rings -= 1
+                return True
+            return False
+
+    async def await_ring(self, timeout: float) -> bool:
+        """`wait` for coroutines: suspend, not block, until rung or `timeout` seconds pass."""
+        loop = asyncio.get_running_loop()
+        with self._condition:
+            if self._rings:
+                self._rings -= 1
+                return True
+            future: asyncio.Future[None] = loop.create_future()
+            waiter = (loop, future)
+            self._async_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            with self._condition:
+                if waiter not in self._async_waiters:
+                    return True  # rung just as the wait ended
+                self._async_waiters.remove(waiter)
+            return False
+        return True
+
+
+class PollSchedule:
+    """How long to wait between claims that found nothing.
+
+    While `listener` listens, notifications bring new work at once and polling only finds
+    retries coming due and lapsed leases: every `maximum` seconds. Without it, polling is the
+    only way, so it starts at POLL_MIN and doubles up to `maximum`.
+    """
+
+    def __init__(self, maximum: float, listener: Listener | None) -> None:
+        self._maximum = maximum
+        self._listener = listener
+        self._next = min(POLL_MIN, maximum)
+
+    def reset(self) -> None:
+        """Work was found: poll fast again."""
+        self._next = min(POLL_MIN, self._maximum)
+
+    def pause(self) -> float:
+        """The next wait, in seconds."""
+        if self._listener is not None and self._listener.listening:
+            return self._maximum
+        pause = self._next
+        self._next = min(pause * 2, self._maximum)
+        return pause
+
+
+class BlockingClaim:
+    """The waiting of one `claim_next(..., wait=)` call: a doorbell, a deadline, a schedule.
+
+    Subscribe before the claim that follows the first empty one: a todo committed between
+    the two is then either seen by that claim or notified.
+    """
+
+    def __init__(self, alias: str, queues: Iterable[str], seconds: float, *, listen: bool) -> None:
+        self.doorbell = Doorbell(queues)
+        self._listener = shared_listener(alias) if listen else None
+        self._schedule = PollSchedule(POLL_MAX, self._listener)
+        self._deadline = time.monotonic() + seconds
+
+    def start(self) -> None:
+        if self._listener is not None:
+            self._listener.subscribe(self.doorbell)
+
+    def pause(self) -> float | None:
+        """Seconds to wait before claiming again, or None when the wait is over."""
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        return min(remaining, self._schedule.pause())
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.unsubscribe(self.doorbell)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Listener:
+    """One LISTEN connection to database `alias`, on a thread, ringing subscribed doorbells.
+
+    The thread starts with the first subscriber and reconnects with backoff when the
+    connection drops, ringing every doorbell once it listens again. It stops `linger` seconds
+    after the last subscriber left, or at `stop()`.
+    """
+
+    def __init__(self, alias: str = DEFAULT_DB_ALIAS, *, linger: float = 0.0) -> None:
+        self.alias = alias
+        self._linger = linger
+        self._lock = threading.Lock()
+        self._doorbells: set[Doorbell] = set()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._listening = threading.Event()
+
+    @property
+    def listening(self) -> bool:
+        """Whether notifications are being received right now."""
+        return self._listening.is_set()
+
+    def subscribe(self, doorbell: Doorbell, *, timeout: float = CONNECT_TIMEOUT) -> bool:
+        """Ring `doorbell` on notifications for its queues; True once listening.
+
+        Waits up to `timeout` for the connection: work committed after a True return is
+        always notified.
+        """
+        with self._lock:
+            self._doorbells.add(doorbell)
+            if self._thread is None:
+                self._stopping.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name=f"switchboard-todos-listener-{self.alias}", daemon=True
+                )
+                self._thread.start()
+        return self._listening.wait(timeout)
+
+    def unsubscribe(self, doorbell: Doorbell) -> None:
+        """Stop ringing `doorbell`."""
+        with self._lock:
+            self._doorbells.discard(doorbell)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the connection and end the thread, whoever is subscribed."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            self._stopping.set()
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        wrapper: BaseDatabaseWrapper | None = None
+        failures = 0
+        idle_since: float | None = None
+        try:
+            while True:
+                with self._lock:
+                    if self._doorbells:
+                        idle_since = None
+                    elif idle_since is None:
+                        idle_since = time.monotonic()
+                    done = self._stopping.is_set() or (
+                        idle_since is not None and time.monotonic() - idle_since >= self._linger
+                    )
+                    if done:
+                        self._thread = None
+                        self._listening.clear()
+                        return
+                try:
+                    if wrapper is None:
+                        wrapper = self._connect(reconnect=failures > 0)
+                        failures = 0
+                    for notify in wrapper.connection.notifies(timeout=_TICK):
+                        self._dispatch(notify.payload)
+                except (DatabaseError, psycopg.Error) as error:
+                    self._listening.clear()
+                    failures += 1
+                    delay = min(_RECONNECT_MAX, 0.1 * 2**failures)
+                    logger.warning(
+                        "LISTEN connection lost (%s); reconnecting in %.1fs", error, delay
+                    )
+                    _close(wrapper)
+                    wrapper = None
+                    self._stopping.wait(delay)
+        finally:
+            _close(wrapper)
+
+    def _connect(self, *, reconnect: bool) -> BaseDatabaseWrapper:
+        wrapper = connections.create_connection(self.alias)
+        try:
+            wrapper.ensure_connection()
+            # LISTEN takes effect at commit: run it outside any transaction.
+            wrapper.set_autocommit(True)
+            wrapper.connection.execute(f"LISTEN {CHANNEL}")
+        except BaseException:
+            _close(wrapper)
+            raise
+        with self._lock:
+            self._listening.set()
+            doorbells = list(self._doorbells)
+        if reconnect:
+            logger.info("LISTEN connection restored")
+            for doorbell in doorbells:
+                doorbell.ring_all()
+        return wrapper
+
+    def _dispatch(self, queue: str) -> None:
+        with self._lock:
+            doorbells = [doorbell for doorbell in self._doorbells if queue in doorbell.queues]
+        for doorbell in doorbells:
+            doorbell.ring()
+
+
+def _close(wrapper: BaseDatabaseWrapper | None) -> None:
+    if wrapper is None:
+        return
+    try:
+        # A pooled connection goes back to the pool: it must not keep listening there.
+        if wrapper.connection is not None and not wrapper.connection.closed:
+            wrapper.connection.execute("UNLISTEN *")
+    except psycopg.Error:
+        pass  # the connection is gone: nothing listens on it any more
+    try:
+        wrapper.close()
+    except DatabaseError:
+        logger.debug("Closing the LISTEN connection failed", exc_info=True)
+
+
+_shared: dict[str, Listener] = {}
+_shared_lock = threading.Lock()
+#: The shared listener keeps its connection this long after the last waiter, so a stream of
+#: long polls does not reconnect for each.
+SHARED_LINGER = 10.0
+
+
+def shared_listener(alias: str = DEFAULT_DB_ALIAS) -> Listener:
+    """The process-wide listener of database `alias` that blocking claims subscribe to."""
+    with _shared_lock:
+        if alias not in _shared:
+            _shared[alias] = Listener(alias, linger=SHARED_LINGER)
+        return _shared[alias]
+
+
+def stop_shared_listeners() -> None:
+    """Close every shared listener's connection (tests, before dropping their database)."""
+    with _shared_lock:
+        listeners = list(_shared.values())
+    for listener in listeners:
+        listener.stop()

@@ -1,0 +1,155 @@
+"""`manage.py todo_worker`: run the handlers of claimed todos until stopped (see docs/worker.md)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from switchboard_todos import validation
+from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.worker import Worker
+
+T = TypeVar("T")
+
+
+def _argument(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse `type=` that turns InvalidTodo and ValueError into usage errors."""
+
+    def parse(text: str) -> T:
+        try:
+            return check(text)
+        except (InvalidTodo, ValueError) as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    parse.__name__ = check.__name__
+    return parse
+
+
+def _count(name: str, high: int) -> Callable[[str], int]:
+    def count(text: str) -> int:
+        return validation.whole_number(int(text), name, 1, high)
+
+    count.__name__ = name
+    return count
+
+
+def _ttl(text: str) -> float:
+    return validation.ttl(float(text)).total_seconds()
+
+
+def _seconds(name: str) -> Callable[[str], float]:
+    def seconds(text: str) -> float:
+        value = float(text)
+        if not value > 0:
+            raise ValueError(f"{name} must be more than zero seconds, not {text}.")
+        return value
+
+    seconds.__name__ = name
+    return seconds
+
+
+class Command(BaseCommand):
+    help = (
+        "Claim todos from the given queues and run their handlers until SIGTERM or SIGINT: "
+        "the first lets the todos in hand finish, a second releases them and exits."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            type=_argument(validation.queue),
+            help="A queue to claim from; repeat for several (default: 'default').",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=_argument(_count("concurrency", 1000)),
+            default=1,
+            help="Todos run at once, each on its own thread (default: 1).",
+        )
+        parser.add_argument(
+            "--ttl",
+            type=_argument(_ttl),
+            default=30.0,
+            help="Lease length in seconds, renewed by heartbeats every third (default: 30).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=_argument(_count("batch-size", validation.CLAIM_BATCH_LIMIT)),
+            default=100,
+            help="Most todos claimed at once, for quick handlers (default: 100).",
+        )
+        parser.add_argument(
+            "--owner",
+            type=_argument(validation.owner),
+            help="The worker id holding the leases (default: host:pid:random).",
+        )
+        parser.add_argument(
+            "--listen",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="Wake on new work through LISTEN/NOTIFY; --no-listen polls only, as needed "
+            "behind PgBouncer in transaction mode (default: SWITCHBOARD_TODOS_LISTEN).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=_argument(_seconds("poll-interval")),
+            default=1.0,
+            help="Longest wait between claims that found nothing, in seconds (default: 1).",
+        )
+        parser.add_argument(
+            "--max-todos",
+            type=_argument(_count("max-todos", 2**62)),
+            help="Exit after this many todos (recycling, tests).",
+        )
+        parser.add_argument(
+            "--max-seconds",
+            type=_argument(_seconds("max-seconds")),
+            help="Stop claiming after this many seconds, then exit once the todos in hand end.",
+        )
+        parser.add_argument(
+            "--import-module",
+            action="append",
+            dest="import_modules",
+            default=[],
+            metavar="MODULE",
+            help="Import this module first, for handlers outside todo_handlers modules.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        _configure_logging(options["verbosity"])
+        for module in options["import_modules"]:
+            try:
+                importlib.import_module(module)
+            except ImportError as error:
+                raise CommandError(f"--import-module {module}: {error}") from error
+        Worker(
+            options["queues"] or ["default"],
+            concurrency=options["concurrency"],
+            ttl=options["ttl"],
+            owner=options["owner"],
+            batch_size=options["batch_size"],
+            listen=options["listen"],
+            poll_interval=options["poll_interval"],
+            max_todos=options["max_todos"],
+            max_seconds=options["max_seconds"],
+        ).run()
+
+
+def _configure_logging(verbosity: int) -> None:
+    """Show the app's log on stderr unless the project's LOGGING already routes it."""
+    logger = logging.getLogger("switchboard_todos")
+    if logger.hasHandlers():
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    levels = {0: logging.WARNING, 1: logging.INFO}
+    logger.setLevel(levels.get(verbosity, logging.DEBUG))

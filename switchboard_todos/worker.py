@@ -1,0 +1,568 @@
+"""The todo worker: claim in batches, run handlers on threads, heartbeat, acknowledge in batches.
+
+`Worker(queues, ...).run()` runs until stopped (SIGTERM/SIGINT, `stop()`, `max_todos`,
+`max_seconds`); `manage.py todo_worker` is a thin command around it. The moving parts:
+
+* `concurrency` runner threads. Each claims its own batches with `claim_batch`, runs them one
+  after the other, and acknowledges the successes with one `complete_many` per batch; a
+  failure is stored at once with `fail` (backoff and dead letters are the core's business).
+  A batch is sized so that its last todo starts within PREFETCH_WINDOW of the claim: quick
+  handlers get batches of up to `batch_size`, slow ones a single todo, so a worker never sits
+  on todos another worker could be running.
+* One heartbeat thread extends the lease of every running todo when a third of the TTL has
+  passed since the lease was last set. A heartbeat that finds the lease gone marks the todo
+  lost: its outcome is then not stored, as another worker owns it now.
+* One listener thread (`listen.Listener`) wakes idle runners when a todo is enqueued in one of
+  their queues; they also poll, as some todos become claimable without a notification.
+* The calling thread supervises: signals, `max_seconds`, and releasing held todos.
+
+Database errors (a terminated backend, a restarting server) close that thread's connection;
+the next statement reconnects. A claim whose answer was lost lapses after the TTL and is
+claimed again, an acknowledgement is retried: no todo is lost, though one may run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from inspect import iscoroutinefunction
+from types import FrameType
+from typing import Any, TypeVar
+
+from asgiref.sync import async_to_sync
+from django.db import InterfaceError, OperationalError, connections, router
+from django.utils import timezone
+
+from switchboard_todos import handlers, validation
+from switchboard_todos.conf import conf
+from switchboard_todos.exceptions import TodoConflict, TodoNotFound, UnknownKind
+from switchboard_todos.listen import Doorbell, Listener, PollSchedule
+from switchboard_todos.models import State, Todo
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The claim-to-start delay a batch may add to its last todo, in seconds (and at most TTL/10).
+PREFETCH_WINDOW = 0.2
+#: A finished todo waits at most this long for its batch's acknowledgement.
+ACK_DELAY = 0.1
+#: Kept of a failure's traceback: the innermost frames, and at most this many characters.
+TRACEBACK_FRAMES = 30
+TRACEBACK_CHARS = 8000
+MESSAGE_CHARS = 2000
+#: Retries of a statement whose connection broke, after reconnecting.
+_DB_RETRIES = 3
+_CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+
+def default_owner() -> str:
+    """A worker id unique to this process: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def error_detail(error: BaseException) -> dict[str, str]:
+    """What a failed attempt stores: the exception's type, message and trimmed traceback."""
+    kind = type(error)
+    lines = traceback.format_exception(kind, error, error.__traceback__, limit=-TRACEBACK_FRAMES)
+    return {
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "message": str(error)[:MESSAGE_CHARS].replace("\x00", ""),
+        "traceback": "".join(lines)[-TRACEBACK_CHARS:].replace("\x00", ""),
+    }
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did, returned by `run()`."""
+
+    claimed: int = 0
+    done: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    released: int = 0
+    lost: int = 0
+
+
+class _Held:
+    """A todo this worker claimed: waiting in a runner's batch, running, or awaiting its ack."""
+
+    __slots__ = ("todo", "leased_at", "finished", "lost", "released")
+
+    def __init__(self, todo: Todo, leased_at: float) -> None:
+        self.todo = todo
+        self.leased_at = leased_at  # monotonic time the lease was last set (claim, heartbeat)
+        self.finished: Callable[[Todo], None] | None = None
+        self.lost = False
+        self.released = False
+
+
+class _Runner:
+    """One runner thread's state: its batch, its unacknowledged successes, its pace."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.batch: deque[_Held] = deque()
+        self.acks: dict[str, tuple[_Held, Any, float]] = {}
+        self.oldest_ack = 0.0
+        self.average: float | None = None  # seconds per todo, moving average
+
+    def record(self, seconds: float) -> None:
+        self.average = seconds if self.average is None else 0.8 * self.average + 0.2 * seconds
+
+
+class Worker:
+    """Run the handler of each todo claimed from `queues` until stopped.
+
+    `concurrency` todos run at once, on threads; `ttl` is the lease, in seconds; `listen`
+    defaults to SWITCHBOARD_TODOS_LISTEN; `poll_interval` caps the wait between claims that
+    found nothing. `max_todos` stops after claiming that many, `max_seconds` after that long;
+    both let the todos in hand finish first, as the first SIGTERM or `stop()` does.
+    """
+
+    def __init__(
+        self,
+        queues: str | Iterable[str] = "default",
+        *,
+        concurrency: int = 1,
+        ttl: float | timedelta = 30.0,
+        owner: str | None = None,
+        batch_size: int = 100,
+        listen: bool | None = None,
+        poll_interval: float = 1.0,
+        max_todos: int | None = None,
+        max_seconds: float | None = None,
+    ) -> None:
+        self.queues = validation.queues(queues)
+        self.owner = validation.owner(owner if owner is not None else default_owner())
+        self.ttl = validation.ttl(ttl).total_seconds()
+        self.concurrency = validation.whole_number(concurrency, "concurrency", 1, 1000)
+        self.batch_size = validation.whole_number(
+            batch_size, "batch_size", 1, validation.CLAIM_BATCH_LIMIT
+        )
+        self.listen = conf.LISTEN if listen is None else listen
+        self.poll_interval = validation.duration(
+            poll_interval, "poll_interval", maximum=validation.MAX_WAIT, allow_zero=False
+        ).total_seconds()
+        self.max_todos = (
+            None if max_todos is None else validation.whole_number(max_todos, "max_todos", 1, 2**62)
+        )
+        self.max_seconds = (
+            None
+            if max_seconds is None
+            else validation.duration(
+                max_seconds, "max_seconds", maximum=timedelta(days=366), allow_zero=False
+            ).total_seconds()
+        )
+        self.database = router.db_for_write(Todo)
+        self.stats = WorkerStats()
+        self._prefetch_window = min(PREFETCH_WINDOW, self.ttl / 10)
+        self._doorbell = Doorbell(self.queues, capacity=self.concurrency)
+        self._listener: Listener | None = None
+        self._lock = threading.Lock()
+        self._reserved = 0
+        self._running: dict[str, _Held] = {}
+        self._runners = [_Runner(index) for index in range(self.concurrency)]
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._finished = threading.Event()
+        self._signals = 0
+        self._handlers: dict[str, handlers.Handler] = {}
+
+    # Running and stopping
+
+    def run(self) -> WorkerStats:
+        """Work until stopped; return what was done. A Worker runs once."""
+        handlers.autodiscover()
+        logger.info(
+            "worker %s: queues %s, concurrency %d, ttl %gs, %s",
+            self.owner,
+            ",".join(self.queues),
+            self.concurrency,
+            self.ttl,
+            "listening" if self.listen else "polling",
+        )
+        restore = self._install_signal_handlers()
+        heartbeat = threading.Thread(target=self._heartbeats, name="todo-heartbeat", daemon=True)
+        try:
+            if self.listen:
+                self._listener = Listener(self.database)
+                self._listener.subscribe(self._doorbell)
+            heartbeat.start()
+            for runner in self._runners:
+                # Daemons: the runners of an aborted worker may still be inside a handler, and
+                # must not keep the process alive; their todos are released already.
+                thread = threading.Thread(
+                    target=self._run_runner,
+                    args=(runner,),
+                    name=f"todo-runner-{runner.index}",
+                    daemon=True,
+                )
+                thread.start()
+                self._threads.append(thread)
+            self._supervise()
+        finally:
+            restore()
+            self._finished.set()
+            if heartbeat.is_alive():
+                heartbeat.join()
+            if self._listener is not None:
+                self._listener.stop()
+        logger.info("worker %s stopped: %s", self.owner, self.stats)
+        return self.stats
+
+    def stop(self) -> None:
+        """Stop claiming and let the todos in hand finish; safe from any thread."""
+        self._stopping.set()
+        self._doorbell.ring_all()
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def count(signum: int, frame: FrameType | None) -> None:
+            # Only count here: the supervising loop does the work, outside the signal handler.
+            self._signals += 1
+
+        previous = {sig: signal.signal(sig, count) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    def _supervise(self) -> None:
+        started = time.monotonic()
+        signals_seen = 0
+        buffers_released = False
+        while True:
+            if self._signals > signals_seen:
+                signals_seen = self._signals
+                if signals_seen == 1:
+                    logger.info("worker %s: stopping; the todos in hand finish first", self.owner)
+                    self.stop()
+                else:
+                    logger.info("worker %s: releasing the todos in hand and exiting", self.owner)
+                    self._abort()
+                    return
+            if self.max_seconds is not None and time.monotonic() - started >= self.max_seconds:
+                self.stop()
+            if self._stopping.is_set() and not buffers_released:
+                buffers_released = True
+                for runner in self._runners:
+                    self._release_batch(runner)
+            alive = [thread for thread in self._threads if thread.is_alive()]
+            if not alive:
+                return
+            alive[0].join(0.05)
+
+    def _abort(self) -> None:
+        """Release every todo in hand, running or not; their handlers' outcomes are dropped."""
+        self.stop()
+        for runner in self._runners:
+            self._release_batch(runner)
+        for held in list(self._running.values()):
+            held.released = True
+            self._release(held)
+
+    # A runner thread
+
+    def _run_runner(self, runner: _Runner) -> None:
+        schedule = PollSchedule(self.poll_interval, self._listener)
+        try:
+            while not self._stopping.is_set():
+                if not runner.batch:
+                    self._flush(runner)
+                    claimed = self._claim(runner)
+                    if claimed is None:
+                        break
+                    if not claimed:
+                        self._doorbell.wait(schedule.pause())
+                        continue
+                    schedule.reset()
+                try:
+                    held = runner.batch.popleft()
+                except IndexError:
+                    continue  # taken by the supervisor, which released it
+                self._execute(runner, held)
+                if runner.acks and time.monotonic() - runner.oldest_ack >= ACK_DELAY:
+                    self._flush(runner)
+            self._release_batch(runner)
+            self._flush(runner)
+        except Exception:
+            logger.exception("worker %s: runner %d crashed", self.owner, runner.index)
+            self.stop()
+        finally:
+            connections.close_all()
+
+    def _claim(self, runner: _Runner) -> list[Todo] | None:
+        """Claim the runner's next batch; None when `max_todos` is used up."""
+        wanted = self.batch_size
+        if runner.average is not None:
+            wanted = min(wanted, max(1, int(self._prefetch_window / max(runner.average, 1e-6))))
+        else:
+            wanted = 1
+        limit = self._reserve(wanted)
+        if not limit:
+            return None
+        leased_at = time.monotonic()
+        try:
+            todos = Todo.objects.claim_batch(self.queues, self.owner, self.ttl, limit)
+        except _CONNECTION_ERRORS as error:
+            self._reserve(-limit)
+            self._disconnected("claim", error)
+            return []
+        if len(todos) < limit:
+            self._reserve(len(todos) - limit)
+        if self.max_todos is not None and self._reserved >= self.max_todos:
+            self._doorbell.ring_all()  # the budget is spent: idle runners can go
+        if todos:
+            with self._lock:
+                self.stats.claimed += len(todos)
+            runner.batch.extend(_Held(todo, leased_at) for todo in todos)
+            if len(todos) == limit and self.concurrency > 1:
+                self._doorbell.ring()  # there may be more: wake an idle runner
+        return todos
+
+    def _reserve(self, count: int) -> int:
+        """Take up to `count` claims from the `max_todos` budget (give back with < 0)."""
+        with self._lock:
+            if count > 0 and self._stopping.is_set():
+                return 0
+            if self.max_todos is not None and count > 0:
+                count = min(count, self.max_todos - self._reserved)
+            self._reserved += count
+            return count
+
+    def _execute(self, runner: _Runner, held: _Held) -> None:
+        todo = held.todo
+        # In `_running` before the stop check: `_abort` releases it, or the check sees the stop.
+        self._running[todo.id] = held
+        if self._stopping.is_set() or time.monotonic() - held.leased_at > self.ttl / 2:
+            # Stopping, or waited so long in the batch that its lease could lapse mid-run.
+            self._running.pop(todo.id, None)
+            self._release(held)
+            return
+        started = time.perf_counter()
+        try:
+            handler = self._handler(todo)
+            held.finished = getattr(handler, "finished", None)
+            value = handler(todo)
+            if value is not None:
+                validation.json_text(value, "The handler's return value")
+        except BaseException as error:
+            seconds = time.perf_counter() - started
+            runner.record(seconds)
+            self._running.pop(todo.id, None)
+            # Still inside `except`: a `finished` hook (task_finished) logs the traceback.
+            self._fail(held, error, seconds)
+            return
+        seconds = time.perf_counter() - started
+        runner.record(seconds)
+        if not runner.acks:
+            runner.oldest_ack = time.monotonic()
+        runner.acks[todo.id] = (held, value, seconds)
+
+    def _handler(self, todo: Todo) -> handlers.Handler:
+        """The callable that runs `todo`: its kind's handler, or the django.tasks runner."""
+        key = f"{todo.source}\x00{todo.kind}"
+        found = self._handlers.get(key)
+        if found is not None:
+            return found
+        if todo.source == handlers.TASKS_SOURCE:
+            from switchboard_todos.backends import TaskRunner
+
+            found = TaskRunner()
+        else:
+            registered = handlers.get_handler(todo.kind)
+            if registered is None:
+                raise UnknownKind(
+                    f"No handler for kind {todo.kind!r} in this worker; register one with "
+                    f"@handler({todo.kind!r}) in a todo_handlers module."
+                )
+            found = async_to_sync(registered) if iscoroutinefunction(registered) else registered
+        self._handlers[key] = found
+        return found
+
+    # Storing outcomes
+
+    def _flush(self, runner: _Runner) -> None:
+        """Acknowledge the runner's finished todos with one `complete_many`."""
+        if not runner.acks:
+            return
+        acks, runner.acks = runner.acks, {}
+        results = {
+            todo_id: value
+            for todo_id, (held, value, _) in acks.items()
+            if not held.lost and not held.released
+        }
+        try:
+            stored = set(
+                self._with_reconnect(
+                    "complete_many", Todo.objects.complete_many, self.owner, results
+                )
+            )
+        except _CONNECTION_ERRORS:
+            # Keep them for the next flush; their leases lapse if the database stays away.
+            runner.acks = {**acks, **runner.acks}
+            return
+        with self._lock:
+            self.stats.done += len(stored)
+        for todo_id, (held, value, seconds) in acks.items():
+            self._running.pop(todo_id, None)
+            todo = held.todo
+            if todo_id not in stored:
+                self._lost(held, seconds)
+                continue
+            _log(todo, "done", seconds)
+            if held.finished is not None:
+                todo.state, todo.result, todo.completed_at = State.DONE, value, timezone.now()
+            self._finished_hook(held, todo)
+
+    def _fail(self, held: _Held, error: BaseException, seconds: float) -> None:
+        todo = held.todo
+        if held.lost or held.released:
+            self._lost(held, seconds)
+            return
+        try:
+            stored = self._with_reconnect(
+                "fail", Todo.objects.fail, todo.id, self.owner, error_detail(error)
+            )
+        except (TodoConflict, TodoNotFound):
+            self._lost(held, seconds)
+            return
+        except _CONNECTION_ERRORS:
+            _log(
+                todo,
+                "failed, not stored: it runs again when its lease lapses",
+                seconds,
+                error=error,
+                level=logging.WARNING,
+            )
+            return
+        dead = stored.state == State.FAILED
+        with self._lock:
+            self.stats.failed += 1
+            self.stats.dead_lettered += dead
+        retry = stored.next_retry_at
+        _log(
+            todo,
+            "dead-lettered" if dead else f"failed, retry at {retry:%Y-%m-%d %H:%M:%S%z}",
+            seconds,
+            error=error,
+            level=logging.WARNING if dead else logging.INFO,
+        )
+        self._finished_hook(held, stored)
+
+    def _finished_hook(self, held: _Held, stored: Todo) -> None:
+        """Tell the handler its outcome is stored; its errors are logged, never raised."""
+        if held.finished is None:
+            return
+        try:
+            held.finished(stored)
+        except Exception:
+            logger.exception("todo %s: the finished hook failed", stored.id)
+
+    def _lost(self, held: _Held, seconds: float) -> None:
+        if held.released:
+            return
+        with self._lock:
+            self.stats.lost += 1
+        _log(held.todo, "lost: the lease went to another worker", seconds, level=logging.WARNING)
+
+    def _release(self, held: _Held) -> None:
+        try:
+            self._with_reconnect("release", Todo.objects.release, held.todo.id, self.owner)
+        except (TodoConflict, TodoNotFound, *_CONNECTION_ERRORS):
+            return  # done or lost meanwhile, or the lease lapses by itself
+        with self._lock:
+            self.stats.released += 1
+        _log(held.todo, "released", 0.0)
+
+    def _release_batch(self, runner: _Runner) -> None:
+        """Give back the todos of a runner's batch that have not started."""
+        while True:
+            try:
+                held = runner.batch.popleft()
+            except IndexError:
+                return
+            self._release(held)
+
+    # Leases and connections
+
+    def _heartbeats(self) -> None:
+        """Extend the lease of each running todo when a third of the TTL has passed."""
+        every = self.ttl / 3
+        try:
+            while not self._finished.wait(min(every / 2, 1.0)):
+                for held in list(self._running.values()):
+                    if held.lost or held.released or time.monotonic() - held.leased_at < every:
+                        continue
+                    sent = time.monotonic()
+                    try:
+                        Todo.objects.heartbeat(held.todo.id, self.owner, self.ttl)
+                    except (TodoConflict, TodoNotFound) as error:
+                        held.lost = True
+                        logger.warning("todo %s: lease lost (%s)", held.todo.id, error)
+                    except _CONNECTION_ERRORS as error:
+                        self._disconnected("heartbeat", error)
+                        break
+                    else:
+                        held.leased_at = sent
+        finally:
+            connections.close_all()
+
+    def _with_reconnect(self, what: str, call: Callable[..., T], *args: Any) -> T:
+        """Run `call`, reconnecting and retrying when the connection broke.
+
+        A retry may repeat a statement that did commit: every one used here is guarded by
+        state and owner, so the repeat changes nothing.
+        """
+        attempt = 0
+        while True:
+            try:
+                return call(*args)
+            except _CONNECTION_ERRORS as error:
+                self._disconnected(what, error)
+                attempt += 1
+                if attempt == _DB_RETRIES:
+                    raise
+                time.sleep(0.1 * 2**attempt)
+
+    def _disconnected(self, what: str, error: Exception) -> None:
+        logger.warning("worker %s: %s lost the database connection (%s)", self.owner, what, error)
+        connections[self.database].close()
+
+
+def _log(
+    todo: Todo,
+    outcome: str,
+    seconds: float,
+    *,
+    error: BaseException | None = None,
+    level: int = logging.INFO,
+) -> None:
+    if not logger.isEnabledFor(level):
+        return
+    detail = f" ({type(error).__name__}: {error})" if error is not None else ""
+    logger.log(
+        level,
+        "todo %s kind=%s attempt=%d %.3fs %s%s",
+        todo.id,
+        todo.kind,
+        todo.attempt,
+        seconds,
+        outcome,
+        detail,
+    )

@@ -1,0 +1,126 @@
+"""Blocking claims for pull consumers: `claim_next(..., wait=)` returns when work arrives."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext, override_settings
+
+from switchboard_todos import listen
+from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.models import Todo
+
+
+@pytest.fixture(autouse=True)
+def _stop_listeners() -> Iterator[None]:
+    yield
+    listen.stop_shared_listeners()
+
+
+def enqueue_later(seconds: float, **fields: object) -> threading.Thread:
+    """Create a todo from another connection after `seconds`, as a producer elsewhere would."""
+
+    def produce() -> None:
+        try:
+            time.sleep(seconds)
+            Todo.objects.create_todo(kind="k", **fields)  # type: ignore[arg-type]
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    return thread
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("wait", [None, 0, timedelta(0)])
+def test_no_wait_is_one_statement(wait: object) -> None:
+    """Without a wait, a claim is exactly the one statement it always was."""
+    with CaptureQueriesContext(connection) as queries:
+        assert Todo.objects.claim_next("default", "w1", 30, wait=wait) is None  # type: ignore[arg-type]
+    assert len(queries) == 1
+
+
+@pytest.mark.django_db
+def test_available_work_returns_at_once(make_todo: Callable[..., Todo]) -> None:
+    """With work waiting, a blocking claim is the same single statement."""
+    todo = make_todo()
+    with CaptureQueriesContext(connection) as queries:
+        claimed = Todo.objects.claim_next("default", "w1", 30, wait=30)
+    assert claimed is not None and claimed.id == todo.id
+    assert len(queries) == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("wait", [-1, timedelta(hours=1), "5", float("inf")])
+def test_a_bad_wait_is_refused_before_claiming(
+    make_todo: Callable[..., Todo], wait: object
+) -> None:
+    """A negative, oversized or non-numeric wait raises InvalidTodo and claims nothing."""
+    make_todo()
+    with pytest.raises(InvalidTodo, match="wait"):
+        Todo.objects.claim_next("default", "w1", 30, wait=wait)  # type: ignore[arg-type]
+    assert Todo.objects.filter(state="pending").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_returns_none_when_the_wait_ends() -> None:
+    """Nothing arrives: None after the wait, not before."""
+    started = time.monotonic()
+    assert Todo.objects.claim_next("default", "w1", 30, wait=0.3) is None
+    assert time.monotonic() - started >= 0.3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_notification_wakes_the_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A todo committed during the wait is claimed at once: polling alone would take a minute."""
+    monkeypatch.setattr(listen, "POLL_MAX", 60.0)
+    producer = enqueue_later(0.3)
+    started = time.monotonic()
+    claimed = Todo.objects.claim_next("default", "w1", 30, wait=30)
+    elapsed = time.monotonic() - started
+    producer.join()
+    assert claimed is not None and claimed.owner == "w1"
+    assert elapsed < 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_other_queues_do_not_end_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work in a queue the claim is not asking for neither wakes nor satisfies it."""
+    monkeypatch.setattr(listen, "POLL_MAX", 60.0)
+    producer = enqueue_later(0.1, queue="elsewhere")
+    assert Todo.objects.claim_batch(["default"], "w1", 30, limit=5, wait=0.6) == []
+    producer.join()
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(SWITCHBOARD_TODOS_LISTEN=False)
+def test_without_listen_polling_finds_the_work() -> None:
+    """With LISTEN off (PgBouncer in transaction mode), the claim polls and still gets it."""
+    producer = enqueue_later(0.2)
+    claimed = Todo.objects.claim_next("default", "w1", 30, wait=30)
+    producer.join()
+    assert claimed is not None
+    assert not listen.shared_listener().listening
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_twin_waits_without_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`aclaim_next(wait=)` suspends on the doorbell and is woken by the notification."""
+    monkeypatch.setattr(listen, "POLL_MAX", 60.0)
+    producer = enqueue_later(0.3)
+    claimed = async_to_sync(Todo.objects.aclaim_next)("default", "w1", 30, wait=30)
+    producer.join()
+    assert claimed is not None and claimed.owner == "w1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_twin_returns_none_when_the_wait_ends() -> None:
+    """Nothing arrives: the async claim returns an empty batch after the wait."""
+    assert async_to_sync(Todo.objects.aclaim_batch)("default", "w1", 30, 3, wait=0.2) == []

@@ -1,0 +1,346 @@
+"""The worker in this process: handlers, outcomes, batching, heartbeats, wake-up, stopping."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connections
+from django.db.models.functions import Now
+
+from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.models import State, Todo
+from switchboard_todos.worker import Worker, WorkerStats, default_owner, error_detail
+from tests import worker_handlers  # noqa: F401 (registers the handlers)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll `condition` until it is truthy; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
+class Background:
+    """A worker running on a thread, as a test's counterpart."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.stats: WorkerStats | None = None
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.stats = self.worker.run()
+        finally:
+            connections.close_all()
+
+    def join(self) -> WorkerStats:
+        self.thread.join(60)
+        assert self.stats is not None, "the worker did not stop"
+        return self.stats
+
+
+@pytest.fixture
+def background() -> Iterator[Callable[[Worker], Background]]:
+    started: list[Background] = []
+
+    def start(worker: Worker) -> Background:
+        started.append(Background(worker))
+        return started[-1]
+
+    yield start
+    for running in started:
+        running.worker.stop()
+        running.thread.join(60)
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> dict[str, str]:
+    """Payload for the `test.gate` handler: it records its start, then waits for the gate file."""
+    return {"started": str(tmp_path / "started"), "gate": str(tmp_path / "gate")}
+
+
+def started_lines(gate: dict[str, str]) -> list[str]:
+    path = Path(gate["started"])
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def open_gate(gate: dict[str, str]) -> None:
+    Path(gate["gate"]).touch()
+
+
+def test_handlers_results_are_stored_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every todo ends done with its handler's return value, acknowledged many per statement."""
+    calls: list[int] = []
+    complete_many = Todo.objects.complete_many
+
+    def counting(owner: str, results: Any) -> list[str]:
+        calls.append(len(results))
+        return complete_many(owner, results)
+
+    monkeypatch.setattr(Todo.objects, "complete_many", counting)
+    Todo.objects.create_many([{"kind": "test.echo", "payload": {"n": n}} for n in range(300)])
+    stats = Worker(concurrency=2, max_todos=300).run()
+    assert (stats.claimed, stats.done, stats.failed) == (300, 300, 0)
+    todos = Todo.objects.all()
+    assert {todo.state for todo in todos} == {State.DONE}
+    assert all(todo.result == todo.payload for todo in todos)
+    assert sum(calls) == 300
+    assert len(calls) < 300 / 10, f"acknowledged in {len(calls)} statements"
+
+
+def test_a_failure_stores_type_message_and_traceback() -> None:
+    """An exception fails the attempt with its type, message and traceback; backoff applies."""
+    todo, _ = Todo.objects.create_todo(kind="test.boom")
+    stats = Worker(max_todos=1).run()
+    assert (stats.failed, stats.dead_lettered) == (1, 0)
+    todo.refresh_from_db()
+    assert todo.state == State.PENDING and todo.next_retry_at is not None
+    error = todo.errors[0]["error"]
+    assert error["type"] == "builtins.ValueError"
+    assert error["message"] == "boom on attempt 1"
+    assert 'worker_handlers.py", line' in error["traceback"]
+    assert error["traceback"].rstrip().endswith("ValueError: boom on attempt 1")
+    assert todo.result == error
+
+
+def test_retries_end_in_a_dead_letter() -> None:
+    """Each failure is retried after its backoff until max_attempts, then dead-lettered."""
+    todo, _ = Todo.objects.create_todo(kind="test.boom", max_attempts=2)
+    assert Worker(max_todos=1).run().failed == 1
+    Todo.objects.filter(pk=todo.pk).update(next_retry_at=Now())  # the backoff has passed
+    stats = Worker(max_todos=1).run()
+    assert stats.dead_lettered == 1
+    todo.refresh_from_db()
+    assert (todo.state, todo.attempt) == (State.FAILED, 2)
+    messages = [entry["error"]["message"] for entry in todo.errors]
+    assert messages == ["boom on attempt 1", "boom on attempt 2"]
+
+
+def test_an_unknown_kind_fails_the_todo_not_the_worker() -> None:
+    """No handler for the kind: that todo fails with a clear error, the next one still runs."""
+    unknown, _ = Todo.objects.create_todo(kind="nobody.handles.this")
+    known, _ = Todo.objects.create_todo(kind="test.echo", payload={"ok": 1})
+    stats = Worker(max_todos=2).run()
+    assert (stats.failed, stats.done) == (1, 1)
+    unknown.refresh_from_db()
+    error = unknown.errors[0]["error"]
+    assert error["type"] == "switchboard_todos.exceptions.UnknownKind"
+    assert "No handler for kind 'nobody.handles.this'" in error["message"]
+    assert Todo.objects.get(pk=known.pk).state == State.DONE
+
+
+def test_a_result_that_is_not_json_fails_the_todo() -> None:
+    """A return value JSON cannot hold fails that todo; the rest of its batch is completed."""
+    Todo.objects.create_many(
+        [{"kind": kind} for kind in ("test.echo", "test.not_json", "test.noop")]
+    )
+    stats = Worker(max_todos=3).run()
+    assert (stats.done, stats.failed) == (2, 1)
+    failed = Todo.objects.get(kind="test.not_json")
+    assert failed.errors[0]["error"]["type"] == "switchboard_todos.exceptions.InvalidTodo"
+    assert "return value is not JSON-serializable" in failed.errors[0]["error"]["message"]
+
+
+def test_an_async_handler_runs_to_completion() -> None:
+    """A coroutine handler is awaited; its result is stored like a plain one's."""
+    todo, _ = Todo.objects.create_todo(kind="test.async")
+    assert Worker(max_todos=1).run().done == 1
+    assert Todo.objects.get(pk=todo.pk).result == {"async": True, "attempt": 1}
+
+
+def test_heartbeats_keep_a_long_handler_s_lease(
+    background: Callable[[Worker], Background], gate: dict[str, str]
+) -> None:
+    """A handler running past its TTL keeps the lease: heartbeats extend it, nobody steals it."""
+    todo, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
+    running = background(Worker(ttl=1, max_todos=1))
+    wait_until(lambda: started_lines(gate), "the handler to start")
+    first = Todo.objects.get(pk=todo.pk).lease_expires_at
+    assert first is not None
+    wait_until(
+        lambda: Todo.objects.get(pk=todo.pk).lease_expires_at > first,  # type: ignore[operator]
+        "a heartbeat",
+    )
+    assert Todo.objects.claim_next("default", "thief", 30) is None
+    open_gate(gate)
+    assert running.join().done == 1
+    done = Todo.objects.get(pk=todo.pk)
+    assert (done.state, done.attempt, done.errors) == (State.DONE, 1, [])
+
+
+def test_a_lost_lease_is_not_completed(
+    background: Callable[[Worker], Background],
+    gate: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """When a heartbeat finds the lease taken, the worker logs it and does not complete."""
+    todo, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
+    running = background(Worker(ttl=1, max_todos=1))
+    wait_until(lambda: started_lines(gate), "the handler to start")
+    # The lease lapses (as if the worker had stalled) and another worker claims the todo.
+    Todo.objects.filter(pk=todo.pk).update(lease_expires_at=Now())
+    assert Todo.objects.claim(todo.id, "thief", 60).owner == "thief"
+    with caplog.at_level(logging.INFO, "switchboard_todos.worker"):
+        wait_until(lambda: "lease lost" in caplog.text, "the heartbeat to notice")
+        open_gate(gate)
+        stats = running.join()
+    assert (stats.done, stats.lost) == (0, 1)
+    stolen = Todo.objects.get(pk=todo.pk)
+    assert (stolen.state, stolen.owner) == (State.CLAIMED, "thief")
+    assert "lost: the lease went to another worker" in caplog.text
+
+
+def test_stop_lets_the_running_todo_finish_and_releases_the_rest(
+    background: Callable[[Worker], Background], gate: dict[str, str]
+) -> None:
+    """stop(): the running handler finishes and is stored; claimed todos not started go back."""
+    first, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
+    running = background(Worker(batch_size=5))
+    wait_until(lambda: started_lines(gate), "the handler to start")
+    Todo.objects.create_todo(kind="test.noop")
+    running.worker.stop()
+    open_gate(gate)
+    stats = running.join()
+    assert stats.done == 1
+    assert Todo.objects.get(pk=first.pk).state == State.DONE
+    second = Todo.objects.get(kind="test.noop")
+    assert (second.state, second.attempt) == (State.PENDING, 0)
+
+
+def test_a_notification_wakes_an_idle_worker(background: Callable[[Worker], Background]) -> None:
+    """An idle listening worker claims new work at once, though it would poll once a minute."""
+    running = background(Worker(poll_interval=60, max_todos=1))
+    wait_until(lambda: running.worker._listener and running.worker._listener.listening, "LISTEN")
+    time.sleep(0.2)  # let the runner make its first, empty claim and go to sleep
+    enqueued = time.monotonic()
+    Todo.objects.create_todo(kind="test.noop")
+    running.join()
+    assert time.monotonic() - enqueued < 10
+
+
+def test_without_listen_the_worker_polls(background: Callable[[Worker], Background]) -> None:
+    """--no-listen: no LISTEN connection, and polling still finds the work."""
+    running = background(Worker(listen=False, poll_interval=0.1, max_todos=1))
+    Todo.objects.create_todo(kind="test.noop")
+    assert running.join().done == 1
+    assert running.worker._listener is None
+
+
+def test_max_seconds_stops_an_idle_worker() -> None:
+    """max_seconds bounds a worker's life even when there is nothing to do."""
+    started = time.monotonic()
+    assert Worker(max_seconds=0.3, poll_interval=0.1).run() == WorkerStats()
+    assert 0.3 <= time.monotonic() - started < 30
+
+
+def test_claims_stop_at_max_todos() -> None:
+    """max_todos is a cap on claims: a worker never takes more than that many todos."""
+    Todo.objects.create_many([{"kind": "test.noop"} for _ in range(30)])
+    assert Worker(concurrency=3, max_todos=7).run().done == 7
+    assert Todo.objects.filter(state=State.PENDING).count() == 23
+
+
+def test_owners_are_unique_per_worker() -> None:
+    """The default owner names the host and pid and differs between workers."""
+    first, second = default_owner(), default_owner()
+    assert first != second
+    assert first.split(":")[1] == str(__import__("os").getpid())
+    assert Worker(owner="me").owner == "me"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"queues": []}, "at least one queue"),
+        ({"concurrency": 0}, "concurrency must be between"),
+        ({"ttl": 0}, "ttl must be more than zero"),
+        ({"owner": ""}, "owner must not be empty"),
+        ({"batch_size": 5000}, "batch_size must be between"),
+        ({"max_seconds": -1}, "max_seconds must be more than zero"),
+    ],
+)
+def test_bad_arguments_are_refused(arguments: dict[str, Any], message: str) -> None:
+    """A misconfigured worker fails at construction with InvalidTodo."""
+    with pytest.raises(InvalidTodo, match=message):
+        Worker(**arguments)
+
+
+def test_error_detail_trims_the_traceback_to_the_innermost_frames() -> None:
+    """Deep recursion keeps the frames nearest the error, within the size limit."""
+
+    def ping(depth: int) -> None:
+        if depth == 0:
+            raise RuntimeError("deep\x00down")
+        pong(depth - 1)
+
+    def pong(depth: int) -> None:
+        ping(depth - 1)
+
+    with pytest.raises(RuntimeError) as caught:
+        ping(200)
+    detail = error_detail(caught.value)
+    assert detail["type"] == "builtins.RuntimeError"
+    assert detail["message"] == "deepdown"
+    trace = detail["traceback"]
+    assert trace.count(", in ping") + trace.count(", in pong") == 30
+    assert trace.rstrip().endswith("RuntimeError: deepdown")
+    assert len(trace) <= 8000
+
+
+def test_the_command_runs_a_worker(caplog: pytest.LogCaptureFixture) -> None:
+    """`manage.py todo_worker` parses its options into a Worker, which logs each todo."""
+    todo, _ = Todo.objects.create_todo(queue="mail", kind="test.echo", payload={"to": "x"})
+    with caplog.at_level(logging.INFO, "switchboard_todos.worker"):
+        call_command(
+            "todo_worker",
+            "--queue=mail",
+            "--max-todos=1",
+            "--no-listen",
+            "--poll-interval=0.1",
+            "--owner=cli",
+            "--import-module=tests.worker_handlers",
+        )
+    done = Todo.objects.get(pk=todo.pk)
+    assert (done.state, done.owner, done.result) == (State.DONE, "cli", {"to": "x"})
+    assert f"todo {todo.id} kind=test.echo attempt=1" in caplog.text
+
+
+def test_the_command_refuses_a_module_it_cannot_import() -> None:
+    """--import-module of a missing module is a CommandError before anything is claimed."""
+    with pytest.raises(CommandError, match="--import-module tests.nowhere"):
+        call_command("todo_worker", "--import-module=tests.nowhere", "--max-todos=1")
+
+
+def test_an_idle_worker_polls_at_its_pace(
+    background: Callable[[Worker], Background], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting for the last todo of its budget, a worker backs off instead of spinning."""
+    claims: list[int] = []
+    claim_batch = Todo.objects.claim_batch
+
+    def counting(*args: Any, **kwargs: Any) -> list[Todo]:
+        claimed = claim_batch(*args, **kwargs)
+        claims.append(len(claimed))
+        return claimed
+
+    monkeypatch.setattr(Todo.objects, "claim_batch", counting)
+    Todo.objects.create_todo(kind="test.noop")
+    running = background(Worker(listen=False, poll_interval=0.2, max_todos=2))
+    wait_until(lambda: Todo.objects.filter(state=State.DONE).exists(), "the first todo")
+    time.sleep(1.0)  # idle: about eight polls at most
+    Todo.objects.create_todo(kind="test.noop")
+    assert running.join().done == 2
+    assert len(claims) < 20, f"{len(claims)} claims"

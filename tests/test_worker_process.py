@@ -1,0 +1,168 @@
+"""The worker as a real process: SIGTERM drains, a second signal releases, SIGKILL and a
+terminated database connection lose nothing."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.db.models.functions import Now
+
+from switchboard_todos.compat import TaskResultStatus
+from switchboard_todos.exceptions import LeaseExpired
+from switchboard_todos.models import State, Todo
+from switchboard_todos.worker import Worker
+from tests import tasks
+from tests.test_worker import open_gate, started_lines, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Spawn = Callable[..., "subprocess.Popen[str]"]
+
+
+class Child:
+    """A `manage.py todo_worker` process whose log lines are collected as they come."""
+
+    def __init__(self, spawn: Spawn, *args: str) -> None:
+        self.process = spawn(
+            "manage", "todo_worker", "--import-module", "tests.worker_handlers", *args
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line)
+
+    def logged(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def signal(self, number: int) -> None:
+        self.process.send_signal(number)
+
+    def exit_code(self, timeout: float = 30) -> int:
+        code = self.process.wait(timeout)
+        self._reader.join(5)
+        return code
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> dict[str, str]:
+    return {"started": str(tmp_path / "started"), "gate": str(tmp_path / "gate")}
+
+
+def test_first_sigterm_drains_and_exits_zero(spawn: Spawn, gate: dict[str, str]) -> None:
+    """SIGTERM: no more claims, the running todo finishes and is stored, exit status 0."""
+    running, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
+    child = Child(spawn, "--concurrency", "2")
+    wait_until(lambda: started_lines(gate), "the handler to start")
+    child.signal(signal.SIGTERM)
+    wait_until(lambda: child.logged("stopping; the todos in hand finish first"), "the stop")
+    later, _ = Todo.objects.create_todo(kind="test.noop")
+    open_gate(gate)
+    assert child.exit_code() == 0, "".join(child.lines)
+    assert Todo.objects.get(pk=running.pk).state == State.DONE
+    later.refresh_from_db()
+    assert (later.state, later.claimed_at) == (State.PENDING, None)
+
+
+def test_second_sigterm_releases_the_running_todo(spawn: Spawn, gate: dict[str, str]) -> None:
+    """A second signal gives the running todo back (release, not fail) and exits 0 at once."""
+    todo, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
+    child = Child(spawn, "--owner", "first")
+    wait_until(lambda: started_lines(gate), "the handler to start")
+    child.signal(signal.SIGTERM)
+    wait_until(lambda: child.logged("stopping"), "the stop")
+    child.signal(signal.SIGINT)
+    assert child.exit_code() == 0, "".join(child.lines)
+    todo.refresh_from_db()
+    assert (todo.state, todo.owner, todo.attempt, todo.errors) == (State.PENDING, None, 0, [])
+    assert todo.next_retry_at is None
+    open_gate(gate)
+
+
+def test_sigkill_leaves_a_lease_that_lapses_to_another_worker(
+    spawn: Spawn, gate: dict[str, str]
+) -> None:
+    """kill -9 mid-handler: the lease lapses and the next worker runs the todo again."""
+    todo, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
+    child = Child(spawn, "--owner", "killed")
+    wait_until(lambda: started_lines(gate), "the handler to start")
+    child.process.kill()
+    assert child.exit_code() == -signal.SIGKILL
+    held = Todo.objects.get(pk=todo.pk)
+    assert (held.state, held.owner) == (State.CLAIMED, "killed")
+    Todo.objects.filter(pk=todo.pk).update(lease_expires_at=Now())  # its TTL has passed
+    open_gate(gate)
+    assert Worker(owner="rescuer", max_todos=1).run().done == 1
+    todo.refresh_from_db()
+    assert (todo.state, todo.owner, todo.attempt) == (State.DONE, "rescuer", 2)
+    assert [(e["owner"], e["error"]["type"]) for e in todo.errors] == [("killed", "LeaseExpired")]
+    assert todo.result == {"gated": 2}
+
+
+def test_sigkill_of_a_task_is_recovered_with_its_history(
+    spawn: Spawn, gate: dict[str, str]
+) -> None:
+    """The same crash for a django.tasks task: it succeeds on attempt 2, and get_result says so."""
+    result = tasks.gated.enqueue(gate["started"], gate["gate"])
+    child = Child(spawn, "--owner", "killed")
+    wait_until(lambda: started_lines(gate), "the task to start")
+    child.process.kill()
+    child.exit_code()
+    assert tasks.gated.get_result(result.id).status == TaskResultStatus.RUNNING
+    Todo.objects.filter(pk=result.id).update(lease_expires_at=Now())
+    open_gate(gate)
+    Worker(owner="rescuer", max_todos=1).run()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "through"
+    assert (result.attempts, result.worker_ids) == (2, ["killed", "rescuer"])
+    assert [error.exception_class for error in result.errors] == [LeaseExpired]
+
+
+def test_terminated_connections_are_reopened_and_nothing_is_lost(spawn: Spawn) -> None:
+    """pg_terminate_backend on every connection of a busy worker: it reconnects and finishes.
+
+    This stands for a database restart too, which the shared test server cannot do: the
+    worker sees the same errors (its connections closed under it) either way.
+    """
+    first = Todo.objects.create_many(
+        [{"kind": "test.sleep", "payload": {"seconds": 0.005}} for _ in range(400)]
+    )
+    child = Child(spawn, "--concurrency", "2", "--ttl", "2", "--verbosity", "0")
+    wait_until(lambda: Todo.objects.filter(state=State.DONE).count() >= 50, "progress")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid), query LIKE 'LISTEN %%' FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        terminated = cursor.fetchall()
+    assert len(terminated) >= 3 and any(listening for _, listening in terminated)
+    second = Todo.objects.create_many(
+        [{"kind": "test.sleep", "payload": {"seconds": 0.005}} for _ in range(100)]
+    )
+    wait_until(
+        lambda: Todo.objects.filter(state=State.DONE).count() == len(first) + len(second),
+        "every todo done",
+        timeout=90,
+    )
+    assert child.process.poll() is None, "the worker died"
+    assert Todo.objects.exclude(state=State.DONE).count() == 0
+    child.signal(signal.SIGTERM)
+    assert child.exit_code() == 0
+    assert child.logged("lost the database connection"), "".join(child.lines)
+
+
+def test_bad_arguments_are_usage_errors(spawn: Spawn) -> None:
+    """Validation happens in argparse: a clear message and exit status 2, nothing claimed."""
+    child = Child(spawn, "--concurrency", "0", "--queue", "bad queue")
+    assert child.exit_code() == 2
+    assert child.logged("concurrency must be between 1 and 1000")
