@@ -12,7 +12,7 @@ PIP_CONSTRAINT ?=
 # else an embedded PostgreSQL that is stopped and deleted when the command ends.
 WITH_DATABASE = $(BIN)/python -m example_project.database run --
 
-.PHONY: demo test lint typecheck pytest suite bench clean
+.PHONY: demo demo-crash test lint typecheck pytest suite bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,12 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]' $(PIP_CONSTRAINT)
 	touch $@
 
+# DEBUG=1: the demo is local development (a throwaway key, plain HTTP, the printed password).
 demo: $(BIN)/.installed
-	$(WITH_DATABASE) $(BIN)/python manage.py demo
+	DEBUG=1 $(WITH_DATABASE) $(BIN)/python manage.py demo $(DEMO_ARGS)
+
+demo-crash: $(BIN)/.installed
+	DEBUG=1 $(WITH_DATABASE) $(BIN)/python manage.py demo_crash $(DEMO_ARGS)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
