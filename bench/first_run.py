@@ -1,6 +1,6 @@
 """How long the README's first command takes from a fresh clone to the printed admin URL.
 
-    python -m bench.first_run [--source PATH] [--embedded] [--no-pip-cache] [--keep]
+    .venv/bin/python -m bench.first_run [--source PATH] [--embedded] [--no-pip-cache] [--keep]
 
 Clones `--source` (default: this checkout, its committed HEAD) into a temporary folder, runs
 `make demo` there, and times each step from the start of `git clone` by the lines make and the
@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from example_project.database import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,13 +34,6 @@ MILESTONES = [
     ("demo     | migrations applied", "migrations"),
     ("demo     | ready:", "web server, workers, reaper, seeding"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def main() -> None:
@@ -87,7 +81,7 @@ def main() -> None:
         marker, step = next(steps)
     os.killpg(demo.pid, signal.SIGINT)
     demo.communicate(timeout=120)
-    print(f"admin URL printed after {last:.1f} s: {admin or 'never'}; make demo exit {demo.returncode}")
+    print(f"admin URL printed after {last:.1f} s: {admin or 'never'}")
     if options.keep:
         print(f"clone kept in {clone}")
     else:

@@ -87,7 +87,8 @@ class CrashDemo:
         return self.names.get(owner or "", owner or "nobody")
 
     def run(self) -> bool:
-        with Interrupts() as interrupts:
+        interrupts = Interrupts()
+        with interrupts:
             self.say(f"database: {database_in_words()}")
             self.say(
                 f"{self.workers} workers with a {self.ttl:g} s lease, heartbeating every "

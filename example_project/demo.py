@@ -55,8 +55,8 @@ PUSH = {
     "repository": {"full_name": "octo/hello"},
     "pusher": {"name": "octocat"},
     "commits": [
-        {"message": "Fix the thing\n\nLong story.", "author": {"name": "Octo Cat"}},
-        {"message": "Add a test", "author": {"name": "Mona"}},
+        {"message": "Add the demo\n\nOne command runs it all.", "author": {"name": "Octo Cat"}},
+        {"message": "Document the demo", "author": {"name": "Mona"}},
     ],
 }
 PULL_REQUEST = {
@@ -126,7 +126,8 @@ class Demo:
         self.console.say("demo", text)
 
     def run(self) -> bool:
-        with Interrupts() as interrupts:
+        interrupts = Interrupts()
+        with interrupts:
             self.say(f"database: {database_in_words()}")
             call_command("migrate", interactive=False, verbosity=0)
             self.say("migrations applied")
@@ -298,7 +299,7 @@ class Demo:
                     self.say(f"{child.name} ended (status {child.returncode}): stopping the demo")
                 return False
             self.report()
-        name = interrupts.last.name if interrupts.last else "a signal"
+        name = interrupts.signal.name if interrupts.signal else "a signal"
         self.say(f"{name}: stopping the web server, the workers and the reaper")
         return True
 

@@ -20,13 +20,14 @@ import sys
 import threading
 import time
 from collections import deque
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import TextIO
 
 from django.db import connection
 
 from example_project import database
 from example_project.database import BASE_DIR
+from switchboard_todos.shutdown import Shutdown
 
 MANAGE = BASE_DIR / "manage.py"
 #: How long the children get to stop after SIGTERM: a worker first finishes the todo in hand.
@@ -74,31 +75,18 @@ class Console:
             self.stream.flush()
 
 
-class Interrupts:
-    """SIGINT and SIGTERM counted while inside `with`; the demo acts on them between steps."""
+class Interrupts(Shutdown):
+    """SIGINT and SIGTERM while inside `with`, every one counted: the demo acts on each.
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.last: signal.Signals | None = None
-        self._previous: dict[int, object] = {}
+    Unlike its base, which leaves a second signal to the default handler, it keeps counting:
+    the demo passes a second Ctrl-C on to its children rather than die and orphan them.
+    """
 
-    def __enter__(self) -> Interrupts:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._count)
-        return self
+    count = 0
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
-
-    def _count(self, signum: int, frame: FrameType | None) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
-        self.last = signal.Signals(signum)
+        self.request(signum)
 
     def wait(self, seconds: float, seen: int = 0) -> bool:
         """Sleep up to `seconds`; return True as soon as more than `seen` signals arrived."""

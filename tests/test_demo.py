@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import CommandError, call_command, load_command_class
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from example_project.database import (
@@ -282,22 +282,3 @@ def test_bad_arguments_are_usage_errors(command: str, args: list[str], message: 
     """Refused before anything starts."""
     with pytest.raises(CommandError, match=re.escape(message)):
         call_command(command, *args)
-
-
-@pytest.mark.parametrize(
-    ("command", "mentions"),
-    [
-        ("demo", ["--port PORT", "--workers N", "--no-seed", "Ctrl-C", "DEBUG off"]),
-        ("demo_crash", ["--workers N", "--todos N", "--seconds", "--ttl", "SIGKILL", "status 1"]),
-    ],
-)
-def test_help_explains_each_command(command: str, mentions: list[str]) -> None:
-    """`--help` says what the command does and documents every option."""
-    text = " ".join(
-        load_command_class("example_project", command)
-        .create_parser("manage.py", command)
-        .format_help()
-        .split()
-    )
-    for mention in mentions:
-        assert mention in text, mention

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -131,7 +132,7 @@ def test_slow_sleeps_as_long_as_the_payload_says_up_to_a_minute(
 ) -> None:
     """`seconds` from the payload (1 by default), capped at SLOW_MAX_SECONDS."""
     slept: list[float] = []
-    monkeypatch.setattr(todo_handlers.time, "sleep", slept.append)
+    monkeypatch.setattr(time, "sleep", slept.append)
     for seconds, expected in [(None, 1.0), (0.25, 0.25), (3600, todo_handlers.SLOW_MAX_SECONDS)]:
         payload = {} if seconds is None else {"seconds": seconds}
         todo = claimed(make_todo, "example.slow", payload=payload)
