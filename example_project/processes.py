@@ -71,7 +71,7 @@ class Console:
     def say(self, name: str, text: str = "") -> None:
         with self._lock:
             for line in text.splitlines() or [""]:
-                self.stream.write(f"{name:<{self.width}} | {line}\n".rstrip() + "\n")
+                self.stream.write(f"{name:<{self.width}} | {line}".rstrip() + "\n")
             self.stream.flush()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -10,13 +11,14 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
+from example_project import tasks
 from example_project.database import (
     CHOICE_VARIABLE,
     embedded_root,
@@ -24,6 +26,8 @@ from example_project.database import (
     postgres_bindir,
     sweep,
 )
+from example_project.demo import Demo, Seeded
+from example_project.processes import Console, Interrupts
 from switchboard_todos.models import Event, State, Todo
 from tests.conftest import ROOT
 from tests.test_database_default import running
@@ -32,7 +36,7 @@ from tests.test_worker import wait_until
 STARTED = re.compile(r"started (\S+) \(pid (\d+)\)")
 
 
-class Demo:
+class DemoProcess:
     """A demo command run as a user runs it, its output lines collected as they come."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
@@ -96,10 +100,10 @@ def demo_env(subprocess_env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture
-def start_demo() -> Iterator[type[Demo]]:
-    started: list[Demo] = []
+def start_demo() -> Iterator[type[DemoProcess]]:
+    started: list[DemoProcess] = []
 
-    class Tracked(Demo):
+    class Tracked(DemoProcess):
         def __init__(self, command: list[str], env: dict[str, str]) -> None:
             super().__init__(command, env)
             started.append(self)
@@ -120,7 +124,7 @@ def answers(url: str) -> int:
     return status
 
 
-def assert_all_gone(demo: Demo, expected: set[str]) -> None:
+def assert_all_gone(demo: DemoProcess, expected: set[str]) -> None:
     children = demo.children()
     assert set(children) == expected, demo.output
     for name, pid in children.items():
@@ -129,7 +133,7 @@ def assert_all_gone(demo: Demo, expected: set[str]) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_demo_runs_everything_and_ctrl_c_stops_it(
-    start_demo: type[Demo], demo_env: dict[str, str]
+    start_demo: type[DemoProcess], demo_env: dict[str, str]
 ) -> None:
     """Ready with the admin answering; every seeded item ends as announced; Ctrl-C exits 0."""
     port = free_port()
@@ -161,7 +165,7 @@ def test_demo_runs_everything_and_ctrl_c_stops_it(
 
 @pytest.mark.django_db(transaction=True)
 def test_sigterm_stops_the_demo_and_all_its_workers(
-    start_demo: type[Demo], demo_env: dict[str, str]
+    start_demo: type[DemoProcess], demo_env: dict[str, str]
 ) -> None:
     """SIGTERM to the demo alone stops every child; --no-seed seeds nothing."""
     port = free_port()
@@ -177,7 +181,7 @@ def test_sigterm_stops_the_demo_and_all_its_workers(
 @pytest.mark.skipif(sys.platform != "linux", reason="children die with their parent on Linux")
 @pytest.mark.django_db(transaction=True)
 def test_children_of_a_killed_demo_stop_too(
-    start_demo: type[Demo], demo_env: dict[str, str]
+    start_demo: type[DemoProcess], demo_env: dict[str, str]
 ) -> None:
     """A demo killed with SIGKILL cannot stop its children: the kernel tells them to stop."""
     demo = start_demo(manage("demo", "--port", str(free_port()), "--no-seed"), demo_env)
@@ -192,7 +196,7 @@ def test_children_of_a_killed_demo_stop_too(
 
 
 def test_demo_on_the_embedded_database(
-    start_demo: type[Demo], subprocess_env: dict[str, str]
+    start_demo: type[DemoProcess], subprocess_env: dict[str, str]
 ) -> None:
     """No DATABASE_URL and nothing at the local address: make demo's command line still works,
     and Ctrl-C leaves no child and no PostgreSQL running."""
@@ -227,7 +231,7 @@ def test_demo_on_the_embedded_database(
 
 @pytest.mark.django_db(transaction=True)
 def test_demo_crash_loses_nothing_and_leaves_nothing_running(
-    start_demo: type[Demo], demo_env: dict[str, str]
+    start_demo: type[DemoProcess], demo_env: dict[str, str]
 ) -> None:
     """One worker is killed mid-todo; its todo is finished by another; every todo is done."""
     demo = start_demo(manage("demo_crash", "--todos", "4"), demo_env)
@@ -282,3 +286,63 @@ def test_bad_arguments_are_usage_errors(command: str, args: list[str], message: 
     """Refused before anything starts."""
     with pytest.raises(CommandError, match=re.escape(message)):
         call_command(command, *args)
+
+
+def reporter() -> tuple[Demo, io.StringIO]:
+    out = io.StringIO()
+    return Demo(Console(out), port=8000, workers=1, seed=True), out
+
+
+@pytest.mark.django_db
+def test_each_ending_is_reported_once_and_again_after_a_requeue(
+    make_todo: Callable[..., Todo],
+) -> None:
+    """A dead letter is reported once however often the demo looks; requeued and done, again."""
+    dead = make_todo(state=State.FAILED, kind="example.doomed", attempt=3)
+    demo, out = reporter()
+    demo.seeded = [Seeded("example.doomed", dead.id)]
+    demo.report()
+    demo.report()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1
+    assert f"demo     | example.doomed {dead.id}: dead letter after 3 attempts (boom)" in lines[0]
+    assert "requeue it at http://127.0.0.1:8000/admin/switchboard_todos/todo/td_5F" in lines[0]
+
+    Todo.objects.requeue(dead.id)
+    Todo.objects.claim(dead.id, "w1", 30)
+    Todo.objects.complete(dead.id, "w1", {"ok": True})
+    demo.report()
+    assert out.getvalue().splitlines()[1:] == [
+        f'demo     | example.doomed {dead.id}: done on attempt 1: {{"ok": true}}'
+    ]
+
+
+@pytest.mark.django_db
+def test_a_task_is_reported_with_its_task_result() -> None:
+    """The outcome of a django.tasks task is read back through the backend's get_result."""
+    result = tasks.count_words.enqueue("one two two")
+    demo, out = reporter()
+    demo.seeded = [Seeded("task count_words", result.id, is_task=True)]
+    demo.report()
+    assert out.getvalue() == ""  # still pending
+    Todo.objects.claim(result.id, "w1", 30)
+    Todo.objects.complete(result.id, "w1", {"words": 3})
+    demo.report()
+    assert out.getvalue() == (
+        f'demo     | task count_words {result.id}: SUCCESSFUL on attempt 1: {{"words": 3}}\n'
+    )
+
+
+def test_interrupts_count_every_signal_and_restore_the_handlers() -> None:
+    """Each SIGTERM or SIGINT is counted, none ends the process; the old handlers come back."""
+    before = signal.getsignal(signal.SIGTERM)
+    interrupts = Interrupts()
+    with interrupts:
+        assert not interrupts.wait(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert interrupts.wait(5)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert interrupts.wait(5, seen=1)
+        assert (interrupts.count, interrupts.signal) == (2, signal.SIGINT)
+        assert not interrupts.wait(0.01, seen=2)
+    assert signal.getsignal(signal.SIGTERM) is before
