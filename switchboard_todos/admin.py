@@ -406,7 +406,7 @@ class TodoAdmin(ReadOnly, _TodoAdmin):
     """Todos, read-only; requeue, expire-lease and dead-letter as gated actions."""
 
     list_display = [
-        "id",
+        "short_id",
         "queue",
         "kind",
         "short_title",
@@ -532,6 +532,11 @@ class TodoAdmin(ReadOnly, _TodoAdmin):
         return queryset, False
 
     # List columns
+
+    @admin.display(description=_("id"), ordering="id")
+    def short_id(self, todo: Todo) -> SafeString:
+        """The id's first hex digits, enough to tell todos apart; the full id is the tooltip."""
+        return format_html('<span title="{}">{}…</span>', todo.id, todo.id[:11])
 
     @admin.display(description=_("title"), ordering="title")
     def short_title(self, todo: Todo) -> str:
