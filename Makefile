@@ -12,16 +12,26 @@ PIP_CONSTRAINT ?=
 # else an embedded PostgreSQL that is stopped and deleted when the command ends.
 WITH_DATABASE = $(BIN)/python -m example_project.database run --
 
-.PHONY: demo test lint typecheck pytest suite bench clean
+.PHONY: demo demo-crash test lint typecheck pytest suite bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]' $(PIP_CONSTRAINT)
+	touch $@ $(BIN)/.installed-example
+
+# What the demo needs, without the test tools (make test adds them): the first demo is quicker.
+$(BIN)/.installed-example: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[example,binary]' $(PIP_CONSTRAINT)
 	touch $@
 
-demo: $(BIN)/.installed
-	$(WITH_DATABASE) $(BIN)/python manage.py demo
+# DEBUG=1: the demo is local development (a throwaway key, plain HTTP, the printed password).
+demo: $(BIN)/.installed-example
+	DEBUG=1 $(WITH_DATABASE) $(BIN)/python manage.py demo $(DEMO_ARGS)
+
+demo-crash: $(BIN)/.installed-example
+	DEBUG=1 $(WITH_DATABASE) $(BIN)/python manage.py demo_crash $(DEMO_ARGS)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

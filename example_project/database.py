@@ -98,13 +98,17 @@ def ensure_database_url(database: str = PROJECT_DATABASE) -> str:
         choice = f"the local PostgreSQL at {address}, database {database!r}"
     _say(choice)
     os.environ["DATABASE_URL"] = url
-    os.environ[CHOICE_VARIABLE] = choice
+    os.environ[CHOICE_VARIABLE] = f"{url} {choice}"
     return url
 
 
 def chosen() -> str | None:
-    """What this process or a parent chose when DATABASE_URL was not set, in words."""
-    return os.environ.get(CHOICE_VARIABLE)
+    """What this process or a parent chose when DATABASE_URL was not set, in words.
+
+    None when DATABASE_URL no longer holds the URL chosen (a child given another database).
+    """
+    url, _, choice = os.environ.get(CHOICE_VARIABLE, "").partition(" ")
+    return choice if choice and url == os.environ.get("DATABASE_URL") else None
 
 
 def _say(message: str) -> None:

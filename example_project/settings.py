@@ -7,6 +7,7 @@ variable, and a production set that passes `manage.py check --deploy`.
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -14,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
 from example_project.database import ensure_database_url
+from switchboard_todos.conf import DEFAULTS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
@@ -64,6 +66,22 @@ INSTALLED_APPS = [
     "switchboard_todos",
     "example_project",
 ]
+if find_spec("django.tasks") is None:  # Django 5.2: the Tasks framework is the backport
+    INSTALLED_APPS.append("django_tasks")
+
+# django.tasks (example_project/tasks.py): each task is stored as a todo, run by todo_worker.
+TASKS = {"default": {"BACKEND": "switchboard_todos.backends.TodoBackend", "QUEUES": ["default"]}}
+
+# Retry backoff of failed todos, in seconds; `manage.py demo` shortens it for its children.
+SWITCHBOARD_TODOS_BACKOFF_BASE = env.float(
+    "SWITCHBOARD_TODOS_BACKOFF_BASE", default=DEFAULTS["BACKOFF_BASE"]
+)
+SWITCHBOARD_TODOS_BACKOFF_MAX = env.float(
+    "SWITCHBOARD_TODOS_BACKOFF_MAX", default=DEFAULTS["BACKOFF_MAX"]
+)
+SWITCHBOARD_TODOS_BACKOFF_JITTER = env.float(
+    "SWITCHBOARD_TODOS_BACKOFF_JITTER", default=DEFAULTS["BACKOFF_JITTER"]
+)
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -9,6 +9,7 @@ these only read their input and return a result: running one twice does no harm.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from switchboard_todos.handlers import handler
@@ -18,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 #: Attempts the flaky handler fails before it succeeds, unless the payload says `failures`.
 FLAKY_FAILURES = 2
+#: The longest the slow handler sleeps, whatever its payload asks.
+SLOW_MAX_SECONDS = 60.0
 
 
 class DeliberateFailure(RuntimeError):
@@ -97,3 +100,11 @@ def doomed(todo: Todo) -> None:
     raise DeliberateFailure(
         f"Attempt {todo.attempt} of {todo.max_attempts} fails, as every attempt here does."
     )
+
+
+@handler("example.slow")
+def slow(todo: Todo) -> dict[str, Any]:
+    """Sleep the payload's `seconds` (a minute at most): time for demo_crash to kill a worker."""
+    seconds = min(float(todo.payload.get("seconds", 1.0)), SLOW_MAX_SECONDS)
+    time.sleep(seconds)
+    return {"slept": seconds, "attempt": todo.attempt}

@@ -48,6 +48,14 @@ class ReapResult(NamedTuple):
     dead_lettered: int
 
 
+class BatchResult(NamedTuple):
+    """What an operator batch did: the todos it changed, and why it left each of the others."""
+
+    changed: list[Todo]
+    refused: dict[str, str]
+    """Todo id -> why it was left alone, e.g. "a live todo holds the same idempotency key"."""
+
+
 def _async_twin(
     method: Callable[Concatenate[TodoManager, P], R],
 ) -> Callable[Concatenate[TodoManager, P], Coroutine[Any, Any, R]]:
@@ -342,15 +350,52 @@ class TodoManager(models.Manager["Todo"]):
 
     def requeue(self, todo_id: str) -> Todo:
         """Send a dead letter back to pending with its attempt budget reset."""
+        requeued = self._requeue(validation.todo_ids([todo_id]))
+        return requeued[0] if requeued else self._classify_miss("requeue", todo_id, None)
+
+    def requeue_many(self, todo_ids: Iterable[str]) -> BatchResult:
+        """Requeue many dead letters in one statement; of several sharing a key, the newest."""
+        ids = validation.todo_ids(todo_ids)
+        return self._batch_result("requeue", ids, self._requeue(ids))
+
+    def _requeue(self, ids: list[str]) -> list[Todo]:
+        """Run `requeue`; when a todo with a requeued key appears mid-statement, go one by one."""
         try:
             with transaction.atomic(using=self._db_alias):
-                todo = self._transition("requeue", {"todo_id": todo_id, "notify": conf.LISTEN})
+                return self._rows("requeue", {"ids": ids, "notify": conf.LISTEN})
         except IntegrityError as error:
             # A todo with the same key was created between the guard's check and the write.
             if _constraint_name(error) != "idx_todos_dedupe":
                 raise
-            todo = None
-        return todo or self._classify_miss("requeue", todo_id, None)
+        if len(ids) == 1:
+            return []
+        return [todo for todo_id in ids for todo in self._requeue([todo_id])]
+
+    def expire_lease(self, todo_id: str) -> Todo:
+        """Make a claimed todo's lease lapse now, so the reaper or the next claim takes it back."""
+        params = {"ids": validation.todo_ids([todo_id]), "notify": conf.LISTEN}
+        return self._transition("expire_lease", params) or self._classify_miss(
+            "expire_lease", todo_id, None
+        )
+
+    def expire_lease_many(self, todo_ids: Iterable[str]) -> BatchResult:
+        """Expire the leases of many claimed todos in one statement."""
+        ids = validation.todo_ids(todo_ids)
+        expired = self._rows("expire_lease", {"ids": ids, "notify": conf.LISTEN})
+        return self._batch_result("expire_lease", ids, expired)
+
+    def dead_letter(self, todo_id: str, reason: str) -> Todo:
+        """Cancel a pending todo: failed (a dead letter), `reason` kept as its result and error."""
+        params = {"ids": validation.todo_ids([todo_id]), "reason": validation.reason(reason)}
+        return self._transition("dead_letter", params) or self._classify_miss(
+            "dead_letter", todo_id, None
+        )
+
+    def dead_letter_many(self, todo_ids: Iterable[str], reason: str) -> BatchResult:
+        """Cancel many pending todos in one statement."""
+        ids = validation.todo_ids(todo_ids)
+        changed = self._rows("dead_letter", {"ids": ids, "reason": validation.reason(reason)})
+        return self._batch_result("dead_letter", ids, changed)
 
     # The machinery every transition shares
 
@@ -415,20 +460,36 @@ class TodoManager(models.Manager["Todo"]):
             loaded.append((todo, None if layout.extra is None else row[layout.extra]))
         return loaded
 
+    def _rows(self, name: str, params: Mapping[str, Any]) -> list[Todo]:
+        """Run statement `name` and return the todos it returned."""
+        return [todo for todo, _ in self._run(name, params)]
+
     def _transition(self, name: str, params: Mapping[str, Any]) -> Todo | None:
         """Run a single-todo transition; None when its guard matched no row."""
         rows = self._run(name, params)
         return rows[0][0] if rows else None
 
+    def _seen(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """What the guarded statements saw of each todo in `ids` that exists, by id."""
+        with self._cursor() as cursor:
+            cursor.execute(queries["classify_miss"], {"ids": ids})
+            columns = [column.name for column in cursor.description or ()]
+            rows = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+        return {row["id"]: row for row in rows}
+
+    def _batch_result(self, operation: str, ids: list[str], changed: list[Todo]) -> BatchResult:
+        """Pair the todos a batch changed with the reason for each one it left alone."""
+        changed_ids = {todo.id for todo in changed}
+        missed = [todo_id for todo_id in ids if todo_id not in changed_ids]
+        seen = self._seen(missed) if missed else {}
+        refused = {todo_id: _refusal_reason(operation, seen.get(todo_id)) for todo_id in missed}
+        return BatchResult(changed=changed, refused=refused)
+
     def _classify_miss(self, operation: str, todo_id: str, owner: str | None) -> Todo:
         """Raise TodoNotFound or a TodoConflict that says what stood in the way."""
-        with self._cursor() as cursor:
-            cursor.execute(queries["classify_miss"], {"todo_id": todo_id})
-            row = cursor.fetchone()
-            columns = [column.name for column in cursor.description or ()]
-        if row is None:
+        seen = self._seen([todo_id]).get(todo_id)
+        if seen is None:
             raise TodoNotFound(todo_id)
-        seen = dict(zip(columns, row, strict=True))
         raise TodoConflict(
             _miss_message(operation, todo_id, owner, seen),
             todo_id=todo_id,
@@ -446,6 +507,11 @@ class TodoManager(models.Manager["Todo"]):
     arelease = _async_twin(release)
     areap_expired = _async_twin(reap_expired)
     arequeue = _async_twin(requeue)
+    arequeue_many = _async_twin(requeue_many)
+    aexpire_lease = _async_twin(expire_lease)
+    aexpire_lease_many = _async_twin(expire_lease_many)
+    adead_letter = _async_twin(dead_letter)
+    adead_letter_many = _async_twin(dead_letter_many)
 
 
 def _claim_params(
@@ -517,6 +583,10 @@ def _miss_message(operation: str, todo_id: str, owner: str | None, seen: dict[st
             f"Todo {todo_id} was not requeued: live todo {seen['live_twin']} holds idempotency "
             f"key {seen['idempotency_key']!r} in queue {seen['queue']!r}."
         )
+    if operation == "expire_lease":
+        return f"Todo {todo_id} is {state}; only claimed todos have a lease to expire."
+    if operation == "dead_letter":
+        return f"Todo {todo_id} is {state}; only pending todos can be dead-lettered."
     if operation == "claim":
         if seen["assignee"] is not None and seen["assignee"] != owner:
             return (
@@ -535,3 +605,23 @@ def _miss_message(operation: str, todo_id: str, owner: str | None, seen: dict[st
     if state != "claimed":
         return f"Todo {todo_id} is {state}, not claimed; {operation} needs it claimed by {owner!r}."
     return f"Todo {todo_id} is claimed by {holder!r}, not by {owner!r}."
+
+
+#: Per operator operation: the state it needs, and how to say a todo is not in it.
+_OPERATOR_GUARDS = {
+    "requeue": ("failed", "not dead-lettered"),
+    "expire_lease": ("claimed", "not claimed"),
+    "dead_letter": ("pending", "not pending"),
+}
+
+
+def _refusal_reason(operation: str, seen: dict[str, Any] | None) -> str:
+    """Say briefly, without the id (so that refusals group), why a batch left a todo alone."""
+    if seen is None:
+        return "it does not exist"
+    needed, not_in_it = _OPERATOR_GUARDS[operation]
+    if seen["state"] != needed:
+        return f"it is {seen['state']}, {not_in_it}"
+    if operation == "requeue" and seen["live_twin"] is not None:
+        return "a live todo holds the same idempotency key"
+    return "it changed while the operation ran; try again"

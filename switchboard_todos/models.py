@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Cast
 from django.utils.translation import gettext_lazy as _
 
@@ -73,6 +73,10 @@ class Event(models.Model):
     class Meta:
         db_table = "events"
         ordering = ["-received_at"]
+        indexes = [
+            # The admin's event list, newest first, without sorting the table.
+            models.Index(fields=["received_at"], name="idx_events_received"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["source", "delivery_id"],
@@ -178,6 +182,37 @@ class Todo(models.Model):
                 fields=["event"],
                 condition=Q(event__isnull=False),
                 name="idx_todos_event",
+            ),
+            # The admin (see admin.py). Its newest-first pages sort DESC NULLS LAST, an order the
+            # claim scan's ORDER BY created_at (ASC NULLS LAST) cannot read from these indexes
+            # in either direction: so the claim keeps to idx_todos_pending however the table
+            # looks, instead of walking every queue's todos in created_at order.
+            # The list's default order and its date hierarchy: a page is the first 100 entries.
+            models.Index(F("created_at").desc(nulls_last=True), name="idx_todos_created"),
+            # The queue filter's page (an index range, not a filtered walk of every todo) and its
+            # list of queues, read by skipping from one queue to the next (stats.distinct_values).
+            models.Index(F("queue"), F("created_at").desc(nulls_last=True), name="idx_todos_queue"),
+            # Dead letters: the admin's dead-letter list, newest first, and the batches that
+            # requeue them all; with the queue included, the health page counts them per queue
+            # from the index alone. Small: only failed todos are in it.
+            models.Index(
+                F("created_at").desc(nulls_last=True),
+                include=["queue"],
+                condition=Q(state=State.FAILED),
+                name="idx_todos_dead",
+            ),
+            # The admin's search by idempotency key, in every state (idx_todos_dedupe covers only
+            # live todos, and needs the queue).
+            models.Index(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="idx_todos_key",
+            ),
+            # The assignee filter and its list of assignees; few todos are assigned.
+            models.Index(
+                fields=["assignee"],
+                condition=Q(assignee__isnull=False),
+                name="idx_todos_assignee",
             ),
         ]
 

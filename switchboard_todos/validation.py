@@ -28,6 +28,10 @@ OWNER_MAX_LENGTH = 200
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000
 CLAIM_BATCH_LIMIT = 1000
+TODO_ID_MAX_LENGTH = 100
+#: Most todos one operator batch (requeue_many, expire_lease_many, dead_letter_many) takes.
+OPERATOR_BATCH_LIMIT = 10_000
+REASON_MAX_LENGTH = 1000
 #: SQS's longest visibility timeout; heartbeat to hold a todo longer.
 MAX_LEASE = timedelta(hours=12)
 #: Longest release delay or explicit retry wait; catches milliseconds passed as seconds.
@@ -105,6 +109,27 @@ def assignee(value: object) -> str | None:
     if value is None:
         return None
     return identifier(value, "assignee", OWNER_MAX_LENGTH)
+
+
+def todo_ids(values: Iterable[str]) -> list[str]:
+    """Ids for an operator batch: 1 to OPERATOR_BATCH_LIMIT strs, repeats dropped, order kept."""
+    if isinstance(values, str):
+        raise InvalidTodo("todo_ids must be a list of ids, not a single str.")
+    ids = list(
+        dict.fromkeys(text(value, "todo id", TODO_ID_MAX_LENGTH, required=True) for value in values)
+    )
+    if not ids:
+        raise InvalidTodo("todo_ids must name at least one todo.")
+    if len(ids) > OPERATOR_BATCH_LIMIT:
+        raise InvalidTodo(
+            f"todo_ids names {len(ids)} todos; one batch takes at most {OPERATOR_BATCH_LIMIT}."
+        )
+    return ids
+
+
+def reason(value: object) -> str:
+    """Why an operator cancelled a todo: required, kept in its result and failure history."""
+    return text(value, "reason", REASON_MAX_LENGTH, required=True).strip()
 
 
 def whole_number(value: object, name: str, low: int, high: int) -> int:

@@ -27,6 +27,8 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # Serves the admin's CSS and JavaScript to the browser test (pytest-django's live_server).
+    "django.contrib.staticfiles",
     "switchboard_todos",
     "example_project",
 ]
@@ -39,6 +41,8 @@ TASKS = {
         "QUEUES": ["default", "other"],
     },
 }
+
+STATIC_URL = "static/"
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

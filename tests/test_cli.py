@@ -89,20 +89,35 @@ def test_plural() -> None:
 
 
 @pytest.mark.parametrize(
-    ("command", "mentions"),
+    ("app", "command", "mentions"),
     [
-        ("reap_todos", ["--loop", "--interval SECONDS", "--max-sweeps N", "SIGTERM", "status 1"]),
-        ("purge_todos", ["--older-than DURATION", "--include-failed", "--queue QUEUE", "30d"]),
-        ("todo_systemd_units", ["--output DIR", "--user USER", "--python PATH", "root"]),
+        (
+            "switchboard_todos",
+            "reap_todos",
+            ["--loop", "--interval SECONDS", "--max-sweeps N", "SIGTERM", "status 1"],
+        ),
+        (
+            "switchboard_todos",
+            "purge_todos",
+            ["--older-than DURATION", "--include-failed", "--queue QUEUE", "30d"],
+        ),
+        (
+            "switchboard_todos",
+            "todo_systemd_units",
+            ["--output DIR", "--user USER", "--python PATH", "root"],
+        ),
+        ("example_project", "demo", ["--port PORT", "--workers N", "--no-seed", "DEBUG off"]),
+        (
+            "example_project",
+            "demo_crash",
+            ["--workers N", "--todos N", "--seconds", "--ttl", "SIGKILL", "status 1"],
+        ),
     ],
 )
-def test_help_explains_each_command(command: str, mentions: list[str]) -> None:
+def test_help_explains_each_command(app: str, command: str, mentions: list[str]) -> None:
     """`--help` says what the command does and documents every option."""
     text = " ".join(
-        load_command_class("switchboard_todos", command)
-        .create_parser("manage.py", command)
-        .format_help()
-        .split()
+        load_command_class(app, command).create_parser("manage.py", command).format_help().split()
     )
     for mention in mentions:
         assert mention in text, mention

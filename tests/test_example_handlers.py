@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -27,6 +28,7 @@ def test_autodiscovery_finds_the_example_handlers() -> None:
     assert get_handler("github.ping") is todo_handlers.acknowledge_ping
     assert get_handler("example.flaky") is todo_handlers.flaky
     assert get_handler("example.doomed") is todo_handlers.doomed
+    assert get_handler("example.slow") is todo_handlers.slow
 
 
 def test_push_summary(make_todo: MakeTodo) -> None:
@@ -123,3 +125,16 @@ def test_doomed_dead_letters_at_max_attempts(make_todo: MakeTodo) -> None:
     assert dead.state == State.FAILED
     assert dead.result is not None
     assert dead.result["message"] == "Attempt 2 of 2 fails, as every attempt here does."
+
+
+def test_slow_sleeps_as_long_as_the_payload_says_up_to_a_minute(
+    make_todo: MakeTodo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`seconds` from the payload (1 by default), capped at SLOW_MAX_SECONDS."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    for seconds, expected in [(None, 1.0), (0.25, 0.25), (3600, todo_handlers.SLOW_MAX_SECONDS)]:
+        payload = {} if seconds is None else {"seconds": seconds}
+        todo = claimed(make_todo, "example.slow", payload=payload)
+        assert todo_handlers.slow(todo) == {"slept": expected, "attempt": 1}
+    assert slept == [1.0, 0.25, 60.0]

@@ -94,3 +94,27 @@ def test_no_secret_key_without_debug_is_refused(
     assert checked.returncode != 0
     assert "ImproperlyConfigured: SECRET_KEY is not set." in checked.stderr
     assert "or set DEBUG=1 for local development" in checked.stderr
+
+
+def test_tasks_and_backoff_settings(subprocess_env: dict[str, str]) -> None:
+    """django.tasks goes to the todo backend; the retry backoff can be set from the environment."""
+    show = (
+        "import json, django\nfrom django.conf import settings\ndjango.setup()\n"
+        "from switchboard_todos.conf import conf\n"
+        "print(json.dumps([settings.TASKS['default']['BACKEND'], conf.BACKOFF_BASE, "
+        "conf.BACKOFF_MAX, conf.BACKOFF_JITTER]))"
+    )
+    for name in [name for name in subprocess_env if name.startswith("SWITCHBOARD_TODOS_")]:
+        del subprocess_env[name]
+    defaults = example(subprocess_env, {"DEBUG": "1"}, "-c", show)
+    assert defaults.returncode == 0, defaults.stderr
+    assert json.loads(defaults.stdout) == ["switchboard_todos.backends.TodoBackend", 5, 3600, 0.5]
+    environment = {
+        "DEBUG": "1",
+        "SWITCHBOARD_TODOS_BACKOFF_BASE": "0.5",
+        "SWITCHBOARD_TODOS_BACKOFF_MAX": "10",
+        "SWITCHBOARD_TODOS_BACKOFF_JITTER": "0",
+    }
+    shortened = example(subprocess_env, environment, "-c", show)
+    assert shortened.returncode == 0, shortened.stderr
+    assert json.loads(shortened.stdout)[1:] == [0.5, 10, 0]

@@ -94,6 +94,31 @@ def test_requeue_notifies(heard: Heard) -> None:
     assert heard() == ["dlq"]
 
 
+def test_requeue_many_notifies_each_queue_once(heard: Heard) -> None:
+    """A batch of dead letters over two queues wakes each queue once."""
+    dead = {"kind": "k", "state": State.FAILED, "attempt": 5}
+    ids = [Todo.objects.create(queue=queue, **dead).id for queue in ("a", "a", "b")]
+    assert len(Todo.objects.requeue_many(ids).changed) == 3
+    assert sorted(heard()) == ["a", "b"]
+
+
+def test_expire_lease_notifies_and_dead_letter_does_not(heard: Heard) -> None:
+    """An expired lease is claimable at once; a cancelled todo is not claimable at all."""
+    held = Todo.objects.create(
+        kind="k",
+        state=State.CLAIMED,
+        owner="w1",
+        attempt=1,
+        queue="held",
+        lease_expires_at=Now() + timedelta(minutes=5),
+    )
+    pending = Todo.objects.create(kind="k", queue="cancelled")
+    heard()
+    Todo.objects.expire_lease(held.id)
+    Todo.objects.dead_letter(pending.id, "not wanted")
+    assert heard() == ["held"]
+
+
 def test_reap_notifies_the_queues_it_requeued(heard: Heard) -> None:
     """The reaper notifies each queue it put todos back in, not those it only dead-lettered."""
     lapsed = {"state": State.CLAIMED, "owner": "w1", "lease_expires_at": Now() - timedelta(1)}

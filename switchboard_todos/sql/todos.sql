@@ -298,35 +298,72 @@ SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
  WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: requeue
--- Operator redrive: a dead letter back to pending with a fresh attempt budget.
--- Guard: failed, and no live todo holds its idempotency key (else idx_todos_dedupe would fail).
-WITH requeued AS (
+-- Operator redrive: dead letters in %(ids)s back to pending with a fresh attempt budget.
+-- Guard: failed, and no live todo holds its idempotency key (else idx_todos_dedupe would fail);
+-- of several dead letters in %(ids)s sharing a key, only the newest goes back.
+WITH wanted AS (
+    SELECT DISTINCT ON (queue, coalesce(idempotency_key, id)) id
+      FROM todos
+     WHERE id = ANY (%(ids)s::text[]) AND state = 'failed'
+     ORDER BY queue, coalesce(idempotency_key, id), created_at DESC, id
+),
+requeued AS (
 UPDATE todos
    SET state = 'pending', attempt = 0, next_retry_at = NULL, owner = NULL,
        lease_expires_at = NULL, completed_at = NULL, updated_at = now()
- WHERE id = %(todo_id)s AND state = 'failed'
+  FROM wanted
+ WHERE todos.id = wanted.id AND todos.state = 'failed'
    AND NOT EXISTS (
         SELECT FROM todos AS live
          WHERE live.queue = todos.queue
            AND live.idempotency_key = todos.idempotency_key
            AND live.state <> 'done' AND live.state <> 'failed')
-RETURNING *
+RETURNING todos.*
 ),
 notified AS (
     SELECT pg_notify('switchboard_todos', queue) FROM requeued WHERE %(notify)s
 )
 SELECT * FROM requeued WHERE (SELECT count(*) FROM notified) >= 0;
 
+-- name: expire_lease
+-- Operator: make the leases of the claimed todos in %(ids)s lapse now, so the reaper or the next
+-- claim takes them back. Guard: claimed. A lease that already lapsed keeps its time.
+WITH expired AS (
+UPDATE todos
+   SET lease_expires_at = least(lease_expires_at, now()), updated_at = now()
+ WHERE id = ANY (%(ids)s::text[]) AND state = 'claimed'
+RETURNING *
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue) FROM expired WHERE %(notify)s
+)
+SELECT * FROM expired WHERE (SELECT count(*) FROM notified) >= 0;
+
+-- name: dead_letter
+-- Operator cancel: the pending todos in %(ids)s become dead letters, %(reason)s recorded as the
+-- result and in the failure history. Guard: pending.
+UPDATE todos
+   SET state = 'failed',
+       next_retry_at = NULL,
+       result = jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text),
+       errors = errors || jsonb_build_array(jsonb_build_object(
+                    'attempt', attempt, 'owner', NULL, 'claimed_at', claimed_at, 'at', now(),
+                    'error', jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text))),
+       completed_at = now(),
+       updated_at = now()
+ WHERE id = ANY (%(ids)s::text[]) AND state = 'pending'
+RETURNING *;
+
 -- name: classify_miss
--- Read what a guarded statement saw, to say why it touched no row.
-SELECT state, owner, assignee, queue, idempotency_key, attempt, max_attempts,
+-- Read what a guarded statement saw for each of %(ids)s, to say why it touched no row.
+SELECT id, state, owner, assignee, queue, idempotency_key, attempt, max_attempts,
        next_retry_at, next_retry_at > now() AS waiting,
        lease_expires_at, lease_expires_at <= now() AS lease_lapsed,
        (SELECT live.id FROM todos AS live
          WHERE live.queue = todos.queue AND live.idempotency_key = todos.idempotency_key
            AND live.id <> todos.id AND live.state <> 'done' AND live.state <> 'failed') AS live_twin
   FROM todos
- WHERE id = %(todo_id)s;
+ WHERE id = ANY (%(ids)s::text[]);
 
 -- name: purge_batch
 -- Delete up to %(limit)s finished todos (%(states)s, only done or failed) completed more than

@@ -1,0 +1,227 @@
+"""`manage.py todo_stats` and `manage.py requeue_todos`, and the health numbers behind them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from switchboard_todos import stats
+from switchboard_todos.models import State, Todo
+
+MakeTodo = Callable[..., Todo]
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+def run(command: str, *args: str) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command(command, *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def busy_queues(make_todo: MakeTodo) -> dict[str, Todo]:
+    """Two queues with todos in every situation the health numbers count."""
+    return {
+        "ready": make_todo(queue="mail", created_ago=timedelta(minutes=10)),
+        "due": make_todo(queue="mail", next_retry_in=timedelta(minutes=-30)),
+        "waiting": make_todo(queue="mail", next_retry_in=timedelta(minutes=5)),
+        "claimed": make_todo(queue="mail", state=State.CLAIMED),
+        "expired": make_todo(
+            queue="mail", state=State.CLAIMED, lease_expires_in=timedelta(seconds=-1)
+        ),
+        "done": make_todo(queue="billing", state=State.DONE),
+        "dead": make_todo(queue="billing", state=State.FAILED),
+        "dead2": make_todo(queue="billing", state=State.FAILED),
+    }
+
+
+# the numbers
+
+
+def test_queue_health_counts_each_situation(busy_queues: dict[str, Todo]) -> None:
+    """Ready includes due retries; the oldest ready age is the longest claimable wait."""
+    Todo.objects.filter(pk=busy_queues["done"].pk).update(
+        completed_at=busy_queues["done"].completed_at - timedelta(hours=25)  # type: ignore[operator]
+    )
+    health = {row.queue: row for row in stats.queue_health()}
+    age = health["mail"].oldest_ready_age
+    # The factory's times are per statement, the health query's per transaction: close enough.
+    assert age is not None and abs(age - timedelta(minutes=30)) < timedelta(seconds=1)
+    assert health["mail"] == stats.QueueHealth(
+        queue="mail",
+        ready=2,
+        scheduled=1,
+        claimed=1,
+        lease_expired=1,
+        done_24h=0,
+        dead=0,
+        oldest_ready_age=age,
+    )
+    assert (health["billing"].done_24h, health["billing"].dead) == (0, 2)
+    assert health["billing"].oldest_ready_age is None
+
+
+def test_queue_health_counts_todos_done_in_the_last_day(busy_queues: dict[str, Todo]) -> None:
+    """A todo completed just now counts as done in the last 24 hours."""
+    assert stats.queue_health(["billing"])[0].done_24h == 1
+
+
+def test_queue_health_of_chosen_queues(busy_queues: dict[str, Todo]) -> None:
+    """Asking for queues gives only those; an unknown queue gives nothing."""
+    assert [row.queue for row in stats.queue_health(["billing", "nowhere"])] == ["billing"]
+
+
+def test_distinct_values_skip_through_the_index(make_todo: MakeTodo) -> None:
+    """Each distinct value once, in order, nulls left out, at most `limit`."""
+    for queue, assignee in [("b", None), ("a", "x"), ("b", "y"), ("c", "x")]:
+        make_todo(queue=queue, assignee=assignee)
+    assert stats.distinct_values("queue") == ["a", "b", "c"]
+    assert stats.distinct_values("queue", limit=2) == ["a", "b"]
+    assert stats.distinct_values("assignee") == ["x", "y"]
+
+
+def test_recent_kinds(make_todo: MakeTodo) -> None:
+    """Kinds of the newest todos only; empty kinds are left out."""
+    make_todo(kind="", title="untyped", created_ago=timedelta(days=2))
+    make_todo(kind="old.kind", created_ago=timedelta(days=1))
+    make_todo(kind="new.kind")
+    assert stats.recent_kinds() == ["new.kind", "old.kind"]
+    assert stats.recent_kinds(recent=1) == ["new.kind"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0 s"), (59.6, "1 min 0 s"), (125, "2 min 5 s"), (7260, "2 h 1 min"), (90061, "1 d 1 h")],
+)
+def test_format_age(seconds: float, text: str) -> None:
+    """Two largest units, rounded to the second."""
+    assert stats.format_age(timedelta(seconds=seconds)) == text
+
+
+# todo_stats
+
+
+def test_todo_stats_prints_a_table(busy_queues: dict[str, Todo]) -> None:
+    """One line per queue under the headings, numbers aligned."""
+    out, _ = run("todo_stats")
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "queue",
+        "ready",
+        "waiting",
+        "claimed",
+        "expired",
+        "done",
+        "24h",
+        "dead",
+        "oldest",
+        "ready",
+    ]
+    assert lines[1].split() == ["billing", "0", "0", "0", "0", "1", "2", "-"]
+    assert lines[2].split() == ["mail", "2", "1", "1", "1", "0", "0", "30", "min", "0", "s"]
+
+
+def test_todo_stats_json(busy_queues: dict[str, Todo]) -> None:
+    """--json gives every number, the age in seconds, and the database time."""
+    out, _ = run("todo_stats", "--json", "--queue", "mail")
+    report = json.loads(out)
+    assert set(report) == {"at", "queues"}
+    assert report["queues"][0].pop("oldest_ready_age") == pytest.approx(1800, abs=1)
+    assert report["queues"] == [
+        {
+            "queue": "mail",
+            "ready": 2,
+            "scheduled": 1,
+            "claimed": 1,
+            "lease_expired": 1,
+            "done_24h": 0,
+            "dead": 0,
+        }
+    ]
+
+
+def test_todo_stats_with_no_todos(db: None) -> None:
+    """An empty table says so."""
+    assert run("todo_stats")[0].strip() == "No todos."
+
+
+def test_todo_stats_refuses_a_bad_queue_name(db: None) -> None:
+    """A malformed --queue is an argument error naming the rule."""
+    with pytest.raises(CommandError, match="not a valid queue name"):
+        run("todo_stats", "--queue", "two words")
+
+
+# requeue_todos
+
+
+def test_requeue_todos_by_id(make_todo: MakeTodo) -> None:
+    """Named dead letters go back to pending; the count is printed."""
+    dead = [make_todo(state=State.FAILED) for _ in range(2)]
+    out, err = run("requeue_todos", *[todo.pk for todo in dead])
+    assert (out.strip(), err) == ("Requeued 2 todos.", "")
+    assert set(Todo.objects.values_list("state", flat=True)) == {State.PENDING}
+
+
+def test_requeue_todos_reports_refusals_and_fails(make_todo: MakeTodo) -> None:
+    """What was not requeued is printed with the reason, and the command fails."""
+    dead = make_todo(state=State.FAILED)
+    pending = make_todo()
+    out, err = StringIO(), StringIO()
+    with pytest.raises(CommandError, match="2 todos were not requeued") as caught:
+        call_command("requeue_todos", dead.pk, pending.pk, "td_missing", stdout=out, stderr=err)
+    assert caught.value.returncode == 1
+    assert out.getvalue().strip() == "Requeued 1 todos."
+    assert err.getvalue().splitlines() == [
+        "1 not requeued: it does not exist: td_missing",
+        f"1 not requeued: it is pending, not dead-lettered: {pending.pk}",
+    ]
+
+
+def test_requeue_todos_all_dead_letters_of_a_queue(make_todo: MakeTodo) -> None:
+    """--queue Q --all-dead takes every dead letter of Q, in batches, and no other."""
+    mine = [make_todo(state=State.FAILED, queue="mail") for _ in range(5)]
+    other = make_todo(state=State.FAILED, queue="billing")
+    out, _ = run("requeue_todos", "--queue", "mail", "--all-dead", "--batch-size", "2")
+    assert out.strip() == "Requeued 5 todos."
+    assert {Todo.objects.get(pk=t.pk).state for t in mine} == {State.PENDING}
+    assert Todo.objects.get(pk=other.pk).state == State.FAILED
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "Nothing to requeue"),
+        (("td_1", "--queue", "q", "--all-dead"), "not both"),
+        (("--all-dead",), "--all-dead needs --queue"),
+        (("--queue", "q"), "--queue only goes with --all-dead"),
+        (("--queue", "bad name", "--all-dead"), "not a valid queue name"),
+        (("--queue", "q", "--all-dead", "--batch-size", "0"), "must be 1 or more"),
+        (("--queue", "q", "--all-dead", "--batch-size", "many"), "not a whole number"),
+        (("--queue", "q", "--all-dead", "--batch-size", "10001"), "at most 10000"),
+        (("x" * 101,), "todo id is 101 characters long"),
+    ],
+)
+def test_requeue_todos_validates_its_arguments(db: None, args: Any, message: str) -> None:
+    """Contradictory or malformed arguments are refused with a clear message."""
+    with pytest.raises(CommandError, match=message):
+        run("requeue_todos", *args)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_requeue_todos_exit_status(spawn: Spawn) -> None:
+    """From the shell: status 1 and the reason on stderr when a todo was not requeued."""
+    dead = Todo.objects.create(kind="k", state=State.FAILED)
+    ok = spawn("manage", "requeue_todos", dead.pk)
+    assert ok.communicate(timeout=60)[0].strip() == "Requeued 1 todos."
+    assert ok.returncode == 0
+    refused = spawn("manage", "requeue_todos", dead.pk)
+    _, err = refused.communicate(timeout=60)
+    assert refused.returncode == 1
+    assert "it is pending, not dead-lettered" in err
