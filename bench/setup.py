@@ -1,28 +1,57 @@
-"""Point Django at a scratch benchmark database, created and migrated on demand."""
+"""Point Django at a scratch benchmark database, created and migrated on demand.
+
+The benchmarks empty `todos` over and over, so they never run on the project's own database:
+BENCH_DATABASE_URL names theirs; without it, they use database `switchboard_bench` on the
+server of DATABASE_URL (set by `make bench`'s database wrapper), else on the local server.
+"""
 
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit, urlunsplit
 
 import django
 import psycopg
 from psycopg import sql
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/switchboard_bench"
+BENCH_DATABASE = "switchboard_bench"
+#: Set (by `--no-prepare`) to run our side with SWITCHBOARD_TODOS_PREPARE = False.
+NO_PREPARE = "BENCH_NO_PREPARE"
 
 
-def configure() -> str:
-    """Set up Django on BENCH_DATABASE_URL (default: a `switchboard_bench` database)."""
-    url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
+def database_url() -> str:
+    """The benchmark database's URL (see the module docstring)."""
+    url = os.environ.get("BENCH_DATABASE_URL")
+    if url:
+        return url
+    project = os.environ.get("DATABASE_URL")
+    if project:
+        return urlunsplit(urlsplit(project)._replace(path=f"/{BENCH_DATABASE}"))
+    return DEFAULT_URL
+
+
+def configure(*, migrate: bool = True) -> str:
+    """Set up Django on the benchmark database; create and migrate it first with `migrate`."""
+    url = database_url()
+    if migrate:
+        server, _, name = url.rpartition("/")
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+            exists = admin.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [name]
+            ).fetchone()
+            if not exists:
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    # Child processes inherit these, and with them the same database and settings.
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    server, _, name = url.rpartition("/")
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
-        if not exists:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     django.setup()
-    from django.core.management import call_command
+    if os.environ.get(NO_PREPARE):
+        from django.conf import settings
 
-    call_command("migrate", verbosity=0)
+        settings.SWITCHBOARD_TODOS_PREPARE = False
+    if migrate:
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
     return url

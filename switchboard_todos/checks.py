@@ -86,16 +86,22 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 id="switchboard_todos.E006",
             )
         )
-    listen = getattr(settings, "SWITCHBOARD_TODOS_LISTEN", DEFAULTS["LISTEN"])
-    if not isinstance(listen, bool):
-        errors.append(
-            checks.Error(
-                f"SWITCHBOARD_TODOS_LISTEN must be True or False, not {listen!r}.",
-                hint="Set it to False behind a transaction-pooling PgBouncer, else remove it.",
-                id="switchboard_todos.E008",
-            )
-        )
+    errors += _boolean("LISTEN", error_id="switchboard_todos.E008")
+    errors += _boolean("PREPARE", error_id="switchboard_todos.E009")
     return errors
+
+
+def _boolean(name: str, *, error_id: str) -> list[checks.Error]:
+    value = getattr(settings, f"SWITCHBOARD_TODOS_{name}", DEFAULTS[name])
+    if isinstance(value, bool):
+        return []
+    return [
+        checks.Error(
+            f"SWITCHBOARD_TODOS_{name} must be True or False, not {value!r}.",
+            hint="Set it to False behind a transaction-pooling PgBouncer, else remove it.",
+            id=error_id,
+        )
+    ]
 
 
 def check_database_version(

@@ -1,6 +1,9 @@
-"""Settings, read from `SWITCHBOARD_TODOS_*` at use (not at import), so override_settings works.
+"""Settings, read from `SWITCHBOARD_TODOS_*` at first use (not at import), then kept.
 
-Values are checked by the system checks in `checks.py`; the properties only apply defaults.
+A changed setting (override_settings, pytest-django's `settings`) is read again: Django sends
+`setting_changed`. Keeping them matters on the hot paths, where each read of an unset setting
+would cost Django's AttributeError fallback. Values are checked by the system checks in
+`checks.py`; the properties only apply defaults.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     # Retry backoff after `fail`: BASE * 2**(attempt-1) seconds, at most MAX, minus up to
@@ -20,14 +24,29 @@ DEFAULTS: dict[str, Any] = {
     # Wake waiting workers and blocking claims through LISTEN/NOTIFY; turn off behind a
     # transaction-pooling PgBouncer, which cannot deliver notifications (they then poll).
     "LISTEN": True,
+    # Prepare the manager's statements once per connection (see cursors.py); turn off behind a
+    # PgBouncer in transaction mode older than 1.21, which cannot keep prepared statements.
+    "PREPARE": True,
 }
 
 
 class Settings:
     """Typed, lazily read view of the `SWITCHBOARD_TODOS_*` settings."""
 
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+
     def _get(self, name: str) -> Any:
-        return getattr(settings, f"SWITCHBOARD_TODOS_{name}", DEFAULTS[name])
+        try:
+            return self._values[name]
+        except KeyError:
+            value = getattr(settings, f"SWITCHBOARD_TODOS_{name}", DEFAULTS[name])
+            self._values[name] = value
+            return value
+
+    def forget(self) -> None:
+        """Read every setting again at its next use."""
+        self._values.clear()
 
     @property
     def BACKOFF_BASE(self) -> float:
@@ -49,5 +68,17 @@ class Settings:
     def LISTEN(self) -> bool:
         return bool(self._get("LISTEN"))
 
+    @property
+    def PREPARE(self) -> bool:
+        return bool(self._get("PREPARE"))
+
 
 conf = Settings()
+
+
+def _setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith("SWITCHBOARD_TODOS_"):
+        conf.forget()
+
+
+setting_changed.connect(_setting_changed)

@@ -7,16 +7,17 @@ matched no row, say why (`_classify_miss`: TodoNotFound or TodoConflict).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.utils import CursorWrapper
 
-from switchboard_todos import validation
+from switchboard_todos import cursors, validation
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
@@ -29,6 +30,15 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class _Layout(NamedTuple):
+    """Where a Todo's values are in rows of one shape (see `TodoManager._layout`)."""
+
+    attnames: list[str]
+    pick: Callable[[Sequence[Any]], tuple[Any, ...]]
+    json: list[tuple[int, models.JSONField[Any]]]
+    extra: int | None
 
 
 class ReapResult(NamedTuple):
@@ -152,6 +162,7 @@ class TodoManager(models.Manager["Todo"]):
         # The live twin may commit after this statement's snapshot was taken: then ON CONFLICT
         # waits for it and skips the insert, yet the fallback SELECT cannot see it. Running the
         # statement again sees it (or inserts, if the twin has finished meanwhile).
+        params = {**params, "notify": conf.LISTEN}
         for _ in range(3):
             rows = self._run("create_todo", params, extra="created")
             if rows:
@@ -393,16 +404,34 @@ class TodoManager(models.Manager["Todo"]):
         return router.db_for_write(self.model)
 
     def _cursor(self) -> CursorWrapper:
-        return connections[self._db_alias].cursor()
+        return cursors.cursor(connections[self._db_alias])
 
     @cached_property
-    def _json_fields(self) -> dict[str, models.JSONField[Any]]:
-        """The JSON columns, which Django's psycopg setup hands over as text to be parsed."""
-        return {
-            field.name: field
-            for field in self.model._meta.concrete_fields
-            if isinstance(field, models.JSONField)
-        }
+    def _layouts(self) -> dict[tuple[tuple[bytes | None, ...], str | None], _Layout]:
+        """Where the fields are in each shape of row seen so far (a handful: one per RETURNING)."""
+        return {}
+
+    def _layout(self, columns: tuple[bytes | None, ...], extra: str | None) -> _Layout:
+        """Where each concrete field, and the `extra` column, are in rows of these columns."""
+        layout = self._layouts.get((columns, extra))
+        if layout is None:
+            position: dict[str | None, int] = {
+                name.decode(): index for index, name in enumerate(columns) if name
+            }
+            fields = self.model._meta.concrete_fields
+            layout = _Layout(
+                attnames=[field.attname for field in fields],
+                pick=itemgetter(*(position[field.column] for field in fields)),
+                # Django's psycopg setup hands JSON columns over as text, to be parsed.
+                json=[
+                    (index, field)
+                    for index, field in enumerate(fields)
+                    if isinstance(field, models.JSONField)
+                ],
+                extra=position[extra] if extra else None,
+            )
+            self._layouts[columns, extra] = layout
+        return layout
 
     def _run(
         self, name: str, params: Mapping[str, Any], *, extra: str | None = None
@@ -415,27 +444,20 @@ class TodoManager(models.Manager["Todo"]):
         """
         alias = self._db_alias
         connection = connections[alias]
-        with connection.cursor() as cursor:
+        with cursors.cursor(connection) as cursor:
             cursor.execute(queries[name], params)
             rows = cursor.fetchall()
-            columns = [column.name for column in cursor.description or ()]
-        position = {column: index for index, column in enumerate(columns)}
-        fields = self.model._meta.concrete_fields
-        attnames = [field.attname for field in fields]
-        places = [position[field.column] for field in fields]
-        json_places = [
-            (index, self._json_fields[field.name])
-            for index, field in enumerate(fields)
-            if field.name in self._json_fields
-        ]
-        extra_place = position[extra] if extra else None
+            # Column names straight from the result: `description` builds an object per column.
+            result = cursor.pgresult
+            columns = tuple(result.fname(number) for number in range(result.nfields))
+        layout = self._layout(columns, extra)
         loaded = []
         for row in rows:
-            values = [row[place] for place in places]
-            for index, field in json_places:
+            values = list(layout.pick(row))
+            for index, field in layout.json:
                 values[index] = field.from_db_value(values[index], field.cached_col, connection)
-            todo = self.model.from_db(alias, attnames, values)
-            loaded.append((todo, None if extra_place is None else row[extra_place]))
+            todo = self.model.from_db(alias, layout.attnames, values)
+            loaded.append((todo, None if layout.extra is None else row[layout.extra]))
         return loaded
 
     def _rows(self, name: str, params: Mapping[str, Any]) -> list[Todo]:
@@ -535,7 +557,6 @@ def _creation_params(
         ),
         "event_id": _event_id(event),
         "run_after": validation.run_after(run_after),
-        "notify": conf.LISTEN,
     }
 
 

@@ -63,6 +63,8 @@ def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
         ("BACKOFF_JITTER", 1.5, "switchboard_todos.E004"),
         ("BACKOFF_JITTER", True, "switchboard_todos.E004"),
         ("MAX_JSON_BYTES", 0, "switchboard_todos.E005"),
+        ("LISTEN", "no", "switchboard_todos.E008"),
+        ("PREPARE", 0, "switchboard_todos.E009"),
     ],
 )
 def test_settings_type_and_range(setting: str, value: Any, error_id: str) -> None:

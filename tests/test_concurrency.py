@@ -9,10 +9,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from switchboard_todos.exceptions import TodoConflict
@@ -66,6 +67,30 @@ def test_concurrent_claims_never_share_a_todo() -> None:
     every_claim = [todo_id for mine in claimed for todo_id in mine]
     assert len(every_claim) == len(set(every_claim)) == 200
     assert Todo.objects.filter(state=State.CLAIMED, attempt=1).count() == 200
+
+
+@pytest.mark.parametrize("claimable", ["ready", "due", "lapsed"])
+def test_a_claim_locks_only_the_todos_it_takes(claimable: str) -> None:
+    """While a claim's transaction is open, the next claimer gets the next todos, not none.
+
+    Each scan of the claim reads under a larger constant limit: it must lock no more than
+    the claim's own limit.
+    """
+    past = Now() - timedelta(seconds=5)
+    states: dict[str, dict[str, Any]] = {
+        "ready": {},
+        "due": {"next_retry_at": past},
+        "lapsed": {"state": State.CLAIMED, "owner": "w0", "lease_expires_at": past},
+    }
+    for _ in range(5):
+        Todo.objects.create(kind=claimable, **states[claimable])
+    with transaction.atomic():
+        first = Todo.objects.claim_batch("default", "w1", 60, limit=2)
+        [second] = run_in_threads(
+            1, lambda index: Todo.objects.claim_batch("default", "w2", 60, limit=3)
+        )
+    assert (len(first), len(second)) == (2, 3)
+    assert not {todo.id for todo in first} & {todo.id for todo in second}
 
 
 def test_reaper_and_owner_racing_agree_on_one_outcome() -> None:

@@ -83,53 +83,70 @@ SELECT todos.*, false AS created
 -- Claim up to %(limit)s of the longest-claimable todos in %(queues)s for %(owner)s.
 -- Each queue is its own index scan that stops at the first unlocked rows, so the cost does not
 -- grow with the backlog; a plain "queue = ANY(...) ORDER BY" would sort the whole backlog.
+-- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
+-- at each call, which costs more than running it. So the planner must not see the queues and
+-- the limit, read through "(SELECT ...)": every call then gets the same plan, and the generic
+-- one wins. Each scan locks rows under a constant "LIMIT 1000" (the largest claim_batch
+-- limit) and yields them to the real limit above it, which stops pulling, hence locking, at
+-- %(limit)s rows: the constant keeps the plan's estimated cost small however large the
+-- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
+-- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
 WITH ready AS MATERIALIZED (
     SELECT candidate.id, candidate.created_at AS claimable_at
-      FROM unnest(%(queues)s::text[]) AS wanted (queue)
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
-            SELECT id, created_at
-              FROM todos
-             WHERE state = 'pending' AND next_retry_at IS NULL
-               AND queue = wanted.queue
-               AND (assignee IS NULL OR assignee = %(owner)s)
-             ORDER BY created_at
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED
+            SELECT * FROM (
+                SELECT id, created_at
+                  FROM todos
+                 WHERE state = 'pending' AND next_retry_at IS NULL
+                   AND queue = wanted.queue
+                   AND (assignee IS NULL OR assignee = %(owner)s)
+                 ORDER BY created_at
+                 LIMIT 1000
+                   FOR UPDATE SKIP LOCKED
+            ) AS locked
+            LIMIT (SELECT %(limit)s::int)
            ) AS candidate
 ),
 due AS MATERIALIZED (
     SELECT candidate.id, candidate.next_retry_at AS claimable_at
-      FROM unnest(%(queues)s::text[]) AS wanted (queue)
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
-            SELECT id, next_retry_at
-              FROM todos
-             WHERE state = 'pending' AND next_retry_at IS NOT NULL
-               AND queue = wanted.queue
-               AND next_retry_at <= now()
-               AND (assignee IS NULL OR assignee = %(owner)s)
-             ORDER BY next_retry_at
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED
+            SELECT * FROM (
+                SELECT id, next_retry_at
+                  FROM todos
+                 WHERE state = 'pending' AND next_retry_at IS NOT NULL
+                   AND queue = wanted.queue
+                   AND next_retry_at <= now()
+                   AND (assignee IS NULL OR assignee = %(owner)s)
+                 ORDER BY next_retry_at
+                 LIMIT 1000
+                   FOR UPDATE SKIP LOCKED
+            ) AS locked
+            LIMIT (SELECT %(limit)s::int)
            ) AS candidate
 ),
 lapsed AS MATERIALIZED (
-    SELECT id, lease_expires_at AS claimable_at
-      FROM todos
-     WHERE state = 'claimed'
-       AND lease_expires_at <= now()
-       AND attempt < max_attempts
-       AND queue = ANY (%(queues)s::text[])
-       AND (assignee IS NULL OR assignee = %(owner)s)
-     ORDER BY lease_expires_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+    SELECT * FROM (
+        SELECT id, lease_expires_at AS claimable_at
+          FROM todos
+         WHERE state = 'claimed'
+           AND lease_expires_at <= now()
+           AND attempt < max_attempts
+           AND queue = ANY ((SELECT %(queues)s::text[])::text[])
+           AND (assignee IS NULL OR assignee = %(owner)s)
+         ORDER BY lease_expires_at
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED
+    ) AS locked
+    LIMIT (SELECT %(limit)s::int)
 ),
-picked AS (
+picked AS MATERIALIZED (
     SELECT id, claimable_at
       FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
            AS claimable
      ORDER BY claimable_at
-     LIMIT %(limit)s
+     LIMIT (SELECT %(limit)s::int)
 ),
 claimed AS (
     UPDATE todos
@@ -145,11 +162,12 @@ claimed AS (
                             'message', 'The lease lapsed before complete, fail or release.')))
                     ELSE errors END,
            updated_at = now()
-      FROM picked
-     WHERE todos.id = picked.id
-    RETURNING todos.*, picked.claimable_at
+     WHERE id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING todos.*
 )
-SELECT * FROM claimed ORDER BY claimable_at;
+SELECT claimed.*, picked.claimable_at
+  FROM claimed JOIN picked ON picked.id = claimed.id
+ ORDER BY picked.claimable_at;
 
 -- name: claim
 -- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left.

@@ -1,0 +1,96 @@
+"""Scenario 2: enqueue in batches, one statement per batch.
+
+Ours is `create_many` (validation, ids, the idempotency-key guard, NOTIFY, the Todos back);
+the reference the faster, in each round, of the two fastest raw forms: an INSERT from
+`unnest` of column arrays, and COPY, both of the three columns that differ from the
+defaults. Multi-row VALUES is slower than either, so it is not the bar.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from functools import partial
+from typing import Any
+
+from bench import raw
+from bench.harness import QUEUE, Bench, Child, Row, Target, expect_states, reset
+
+#: Batch enqueue should reach this share of the fastest raw form.
+TARGET = Target(ratio=0.8)
+
+UNNEST = """
+INSERT INTO todos (queue, kind, payload)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::jsonb[])
+"""
+COPY = "COPY todos (queue, kind, payload) FROM STDIN"
+
+
+def ours(child: Child, *, count: int, batch: int) -> None:
+    """Enqueue `count` todos through `create_many`, `batch` at a time."""
+    from django.db import connection
+
+    from switchboard_todos.models import Todo
+
+    connection.ensure_connection()
+    child.start()
+    for first in range(0, count, batch):
+        numbers = range(first, min(first + batch, count))
+        Todo.objects.create_many(
+            {"queue": QUEUE, "kind": "bench.noop", "payload": {"n": number}} for number in numbers
+        )
+        child.count(len(numbers))
+
+
+def unnest(child: Child, *, count: int, batch: int) -> None:
+    """Enqueue `count` todos with an INSERT from unnest(arrays), `batch` at a time."""
+    with raw.connect() as connection, connection.cursor() as cursor:
+        child.start()
+        for first in range(0, count, batch):
+            numbers = range(first, min(first + batch, count))
+            size = len(numbers)
+            payloads = [json.dumps({"n": number}) for number in numbers]
+            cursor.execute(UNNEST, ([QUEUE] * size, ["bench.noop"] * size, payloads))
+            child.count(size)
+
+
+def copy(child: Child, *, count: int, batch: int) -> None:
+    """Enqueue `count` todos with COPY, `batch` rows per COPY."""
+    with raw.connect() as connection, connection.cursor() as cursor:
+        child.start()
+        for first in range(0, count, batch):
+            numbers = range(first, min(first + batch, count))
+            with cursor.copy(COPY) as rows:
+                for number in numbers:
+                    rows.write_row((QUEUE, "bench.noop", json.dumps({"n": number})))
+            child.count(len(numbers))
+
+
+def enqueue(bench: Bench, task: Any, count: int, batch: int) -> float:
+    reset()
+    seconds, _ = bench.pool.run(task, [{"count": count, "batch": batch}], count)
+    expect_states({"pending": count}, f"batch enqueue by {task.__name__}")
+    return count / seconds
+
+
+def run(bench: Bench) -> None:
+    count = bench.size(full=40_000, smoke=1000)
+    for batch in (500, 1000):
+        figures = bench.interleave(
+            {
+                name: partial(enqueue, bench, task, count, batch)
+                for name, task in (("ours", ours), ("unnest", unnest), ("copy", copy))
+            }
+        )
+        faster = [max(pair) for pair in zip(figures["unnest"], figures["copy"], strict=True)]
+        bench.add(
+            Row(
+                f"enqueue in batches of {batch}, create_many",
+                figures["ours"],
+                faster,
+                "unnest INSERT or COPY",
+                target=TARGET,
+                note=f"unnest INSERT {statistics.median(figures['unnest']):,.0f}/s, "
+                f"COPY {statistics.median(figures['copy']):,.0f}/s",
+            )
+        )

@@ -1,0 +1,69 @@
+"""Scenario 1: enqueue one todo at a time, each in its own transaction.
+
+Ours is `create_todo` (validation, the idempotency-key guard, NOTIFY, the new Todo back); the
+reference a raw single-row INSERT returning the new id. One process each: the commit's WAL
+flush sets much of the pace, and more processes would measure group commit instead.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from bench import raw
+from bench.harness import QUEUE, Bench, Child, Row, Target, expect_states, reset
+
+#: The single-op target, applied to enqueueing too.
+TARGET = Target(ratio=0.8)
+
+INSERT = "INSERT INTO todos (queue, kind, payload) VALUES (%s, %s, %s) RETURNING id"
+
+
+def ours(child: Child, *, count: int) -> None:
+    """Enqueue `count` todos through the manager."""
+    from django.db import connection
+
+    from switchboard_todos.models import Todo
+
+    connection.ensure_connection()
+    child.start()
+    for number in range(count):
+        Todo.objects.create_todo(queue=QUEUE, kind="bench.noop", payload={"n": number})
+        child.count()
+
+
+def reference(child: Child, *, count: int) -> None:
+    """Enqueue `count` todos with a raw INSERT each."""
+    with raw.connect() as connection, connection.cursor() as cursor:
+        child.start()
+        for number in range(count):
+            cursor.execute(INSERT, (QUEUE, "bench.noop", Jsonb({"n": number}))).fetchone()
+            child.count()
+
+
+def enqueue(bench: Bench, task: Any, count: int) -> float:
+    reset()
+    seconds, _ = bench.pool.run(task, [{"count": count}], count)
+    expect_states({"pending": count}, f"enqueue by {task.__name__}")
+    return count / seconds
+
+
+def run(bench: Bench) -> None:
+    count = bench.size(full=3000, smoke=50)
+    figures = bench.interleave(
+        {
+            "ours": partial(enqueue, bench, ours, count),
+            "raw": partial(enqueue, bench, reference, count),
+        }
+    )
+    bench.add(
+        Row(
+            "enqueue one at a time, create_todo",
+            figures["ours"],
+            figures["raw"],
+            "INSERT",
+            target=TARGET,
+        )
+    )

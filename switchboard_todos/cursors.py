@@ -1,0 +1,112 @@
+"""The cursor the manager runs its statements on: prepared once per connection, quick to read.
+
+Django's psycopg cursors bind parameters on the client and never prepare, so PostgreSQL parses
+and plans every statement on every call; for a claim, that costs more than running it. With
+SWITCHBOARD_TODOS_PREPARE (the default), the manager's statements run on a cursor that binds
+parameters on the server and prepares each statement the first time a connection runs it.
+PgBouncer in transaction mode cannot keep prepared statements (before 1.21, or without
+`max_prepared_statements`): turn the setting off there, as SWITCHBOARD_TODOS_LISTEN.
+
+Either way the cursor is wrapped as Django wraps its own, so query logging, tests'
+`CaptureQueriesContext`, `execute_wrapper()` hooks and error translation all see it. And
+timestamps are read by psycopg's compiled loader, which gives the datetimes Django's Python
+loader gives (the instant, in the session's time zone that Django set) at a fraction of the
+cost per value: the largest cost per todo once the statements are prepared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.postgresql.base import CursorDebugWrapper, CursorMixin
+from django.db.backends.postgresql.psycopg_any import register_tzloader
+from django.db.backends.utils import CursorWrapper
+from psycopg import Cursor, errors
+from psycopg.pq import TransactionStatus
+from psycopg.types.datetime import TimestamptzLoader
+
+from switchboard_todos.conf import conf
+
+#: psycopg prepares nothing on a connection whose prepare_threshold is None, Django's default.
+#: Then the threshold becomes this, so high that only what asks for it is prepared.
+EXPLICIT_ONLY = 2**31
+
+
+#: Bumped when a prepared statement went stale (see PreparingCursor): statements then run under
+#: a new text, which psycopg prepares afresh, on every connection of the process.
+_generation = 0
+
+
+class PreparingCursor(CursorMixin, Cursor[Any]):
+    """Django's ServerBindingCursor, preparing every statement it runs.
+
+    A schema change that alters what a statement returns (a column added to `todos`, say, by
+    another service's migration) makes PostgreSQL refuse its prepared form for good: "cached
+    plan must not change result type". Then the statements are prepared again, and the one
+    that failed runs again, unless it was inside a transaction, which the error aborted: that
+    caller gets the error, the next transaction succeeds.
+    """
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        global _generation
+        kwargs["prepare"] = True
+        try:
+            return super().execute(_current(query), params, **kwargs)
+        except errors.FeatureNotSupported as error:
+            if error.diag.source_function != "RevalidateCachedQuery":
+                raise
+            _generation += 1
+            if self.connection.info.transaction_status != TransactionStatus.IDLE:
+                raise
+            return super().execute(_current(query), params, **kwargs)
+
+
+class LoggingCursorWrapper(CursorDebugWrapper):
+    """Django's logging wrapper, logging the statement with its parameters in place.
+
+    Django reads the logged SQL back from a client-side binding cursor; a prepared statement
+    leaves nothing there to read, so the SQL is composed as Django composes it for its own
+    server-side binding cursors.
+    """
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        with self.debug_sql(self.db.ops.compose_sql(sql, params), params):
+            return self._execute_with_wrappers(sql, params, many=False, executor=self._execute)
+
+
+def _current(query: Any) -> Any:
+    """`query` as the current generation of prepared statements knows it."""
+    return f"{query}\n/* prepared again: {_generation} */" if _generation else query
+
+
+def cursor(wrapper: BaseDatabaseWrapper) -> CursorWrapper:
+    """A cursor on Django's connection `wrapper` for the todo statements (see above)."""
+    if not conf.PREPARE:
+        wrapped = wrapper.cursor()
+        _read_timestamps_quickly(wrapper, wrapped.cursor)
+        return wrapped
+    # What Django's BaseDatabaseWrapper.cursor() does, with a cursor class of our own.
+    wrapper.close_if_health_check_failed()
+    wrapper.ensure_connection()
+    with wrapper.wrap_database_errors:
+        connection = wrapper.connection
+        if connection.prepare_threshold is None:
+            connection.prepare_threshold = EXPLICIT_ONLY
+        prepared = PreparingCursor(connection)
+        if wrapper.timezone is None:
+            register_tzloader(None, prepared)  # USE_TZ = False: naive, as Django reads them
+        _read_timestamps_quickly(wrapper, prepared)
+    wrapper.validate_thread_sharing()
+    if wrapper.queries_logged:
+        return LoggingCursorWrapper(prepared, wrapper)
+    # django-stubs type this as taking a CursorWrapper; it takes the DB-API cursor.
+    return wrapper.make_cursor(prepared)  # type: ignore[arg-type]
+
+
+def _read_timestamps_quickly(wrapper: BaseDatabaseWrapper, raw: Cursor[Any]) -> None:
+    # Django's loader parses in Python, then labels the result with `wrapper.timezone`, the
+    # session's time zone: psycopg's compiled loader gives that same datetime. Without time
+    # zones (USE_TZ = False) Django's naive one stays.
+    if wrapper.timezone is not None:
+        raw.adapters.register_loader("timestamptz", TimestamptzLoader)

@@ -1,0 +1,52 @@
+"""The benchmark runs: every scenario prints its figures at the smallest size (no timings)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from bench.__main__ import SCENARIOS
+from tests.conftest import ROOT, database_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: A line of the final table per figure, by scenario module.
+ROWS = {
+    "enqueue": ["enqueue one at a time"],
+    "batch_enqueue": ["enqueue in batches of 500", "enqueue in batches of 1000"],
+    "drain_single": ["claim_next + complete, 1 process", "claim_next + complete, 2 processes"],
+    "drain_worker": ["no-op handler, 1 process", "no-op handler, 2 processes"],
+    "pickup": [
+        "latency median, LISTEN/NOTIFY",
+        "latency p99, LISTEN/NOTIFY",
+        "latency median, polling",
+        "latency p99, polling",
+    ],
+    "claim_scale": ["1,000 pending, 1 queue", "1,000 pending, 3 queues"],
+}
+
+
+def test_every_scenario_runs_and_prints_its_ratios(subprocess_env: dict[str, Any]) -> None:
+    """`python -m bench --smoke` runs every scenario, ours and raw, and prints each ratio."""
+    assert set(ROWS) == set(SCENARIOS)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke"],
+        cwd=ROOT,
+        env={**subprocess_env, "BENCH_DATABASE_URL": database_url()},
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert result.returncode == 0, result.stderr
+    table = result.stdout.split("\n\n")[-1].splitlines()
+    assert table[0].startswith("| scenario ")
+    printed = table[2:]
+    expected = [row for rows in ROWS.values() for row in rows]
+    assert len(printed) == len(expected)
+    for scenario in expected:
+        [line] = [line for line in printed if scenario in line]
+        ratio = line.strip("|").split("|")[3]
+        assert float(ratio.split()[0]) > 0, line

@@ -1,0 +1,140 @@
+"""The cursor the statements run on: prepared once per connection, seen and read as Django's."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import NotSupportedError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from switchboard_todos import cursors
+from switchboard_todos.models import Todo
+from switchboard_todos.sql import queries
+from tests.conftest import database_url
+
+TIMESTAMPS = ("created_at", "updated_at", "claimed_at", "lease_expires_at")
+
+
+def prepared_statements() -> dict[str, tuple[int, int]]:
+    """The statements prepared on this connection: text -> (generic plans, custom plans)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+        return {text: (generic, custom) for text, generic, custom in cursor.fetchall()}
+
+
+def prepared_as(name: str, statements: dict[str, tuple[int, int]]) -> list[tuple[int, int]]:
+    """The entries of `statements` that are statement `name` (its placeholders numbered)."""
+    contract = re.sub(r"%\(\w+\)s", "?", queries[name].splitlines()[0])
+    return [
+        plans
+        for text, plans in statements.items()
+        if re.sub(r"\$\d+", "?", text).startswith(contract)
+    ]
+
+
+def round_trip(times: int) -> None:
+    for _ in range(times):
+        todo, _ = Todo.objects.create_todo(kind="k")
+        Todo.objects.claim_next("default", "w1", 30)
+        Todo.objects.complete(todo.id, "w1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements_are_prepared_once_per_connection() -> None:
+    """Each statement is prepared once per connection, and the claim keeps a generic plan."""
+    connection.close()  # a fresh session, with nothing prepared yet
+    round_trip(8)
+    for _ in range(8):
+        Todo.objects.filter(kind="k").count()
+    statements = prepared_statements()
+    for name in ("create_todo", "claim_next", "complete"):
+        assert len(prepared_as(name, statements)) == 1, name
+    # Planned for the first five runs, then the generic plan (see todos.sql, claim_next).
+    [(generic, custom)] = prepared_as("claim_next", statements)
+    assert (generic, custom) == (3, 5)
+    # Django's own queries are left as Django runs them.
+    assert len(statements) == 3, statements
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nothing_is_prepared_when_the_setting_is_off(settings: Any) -> None:
+    """SWITCHBOARD_TODOS_PREPARE = False (PgBouncer in transaction mode) prepares nothing."""
+    settings.SWITCHBOARD_TODOS_PREPARE = False
+    connection.close()
+    round_trip(8)
+    assert prepared_statements() == {}
+
+
+@pytest.mark.parametrize("prepare", [True, False])
+def test_queries_are_captured_as_djangos(db: None, settings: Any, prepare: bool) -> None:
+    """Query logging and CaptureQueriesContext see each statement, with its SQL."""
+    settings.SWITCHBOARD_TODOS_PREPARE = prepare
+    Todo.objects.create_todo(kind="k")
+    with CaptureQueriesContext(connection) as captured:
+        Todo.objects.claim_next("default", "w1", 30)
+    [query] = captured.captured_queries
+    assert "FOR UPDATE SKIP LOCKED" in query["sql"] and "'w1'" in query["sql"]
+
+
+@pytest.mark.parametrize("use_tz", [True, False], ids=["USE_TZ", "naive"])
+@pytest.mark.parametrize("prepare", [True, False], ids=["prepared", "unprepared"])
+def test_timestamps_are_read_as_django_reads_them(
+    db: None, settings: Any, prepare: bool, use_tz: bool
+) -> None:
+    """The returned timestamps equal the ORM's, down to the tzinfo object (or its absence)."""
+    settings.SWITCHBOARD_TODOS_PREPARE = prepare
+    settings.USE_TZ = use_tz
+    Todo.objects.create_todo(kind="k")
+    claimed = Todo.objects.claim_next("default", "w1", 30)
+    assert claimed is not None
+    fresh = Todo.objects.get(pk=claimed.pk)
+    for name in TIMESTAMPS:
+        mine, orms = getattr(claimed, name), getattr(fresh, name)
+        assert (mine, type(mine)) == (orms, type(orms)), name
+        assert mine.tzinfo is orms.tzinfo, name
+    assert (claimed.created_at.tzinfo is None) is not use_tz
+
+
+@pytest.fixture
+def another_service() -> Iterator[psycopg.Connection[Any]]:
+    """A connection of another service sharing the table; the columns it adds are dropped after."""
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        yield other
+        other.execute("ALTER TABLE todos DROP COLUMN IF EXISTS first_extra")
+        other.execute("ALTER TABLE todos DROP COLUMN IF EXISTS second_extra")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_column_added_by_another_service_is_survived(
+    another_service: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statement prepared before a column was added runs again instead of failing for good.
+
+    Inside a transaction the error has already aborted it: that one caller gets it, and the
+    next transaction works.
+    """
+    monkeypatch.setattr(cursors, "_generation", 0)
+    round_trip(2)
+    Todo.objects.create_todo(kind="k")
+    another_service.execute("ALTER TABLE todos ADD COLUMN first_extra text")
+    with pytest.raises(NotSupportedError), transaction.atomic():
+        Todo.objects.claim_next("default", "w1", 30)
+    claimed = Todo.objects.claim_next("default", "w1", 30)
+    assert claimed is not None and claimed == Todo.objects.get(pk=claimed.pk)
+
+    round_trip(1)
+    another_service.execute("ALTER TABLE todos ADD COLUMN second_extra text")
+    round_trip(2)  # outside a transaction: prepared again and run again, no error
+    assert cursors._generation == 2
+
+
+def test_other_unsupported_features_are_errors(db: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a stale prepared statement is prepared again; other such errors are raised."""
+    monkeypatch.setattr(cursors, "_generation", 0)
+    with pytest.raises(NotSupportedError), cursors.cursor(connection) as cursor:
+        cursor.execute("SELECT count(*) FROM todos FOR UPDATE")
+    assert cursors._generation == 0
