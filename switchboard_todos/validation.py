@@ -6,10 +6,11 @@ documented in the README; the columns themselves are unbounded `text`, as in the
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -70,6 +71,17 @@ def owner(value: object) -> str:
     return identifier(value, "owner", OWNER_MAX_LENGTH)
 
 
+def _remembered(check: Callable[[object], str]) -> Callable[[object], str]:
+    """Remember the strings that passed `check`: a batch repeats its queue and kind on each row."""
+    passed = functools.lru_cache(maxsize=1024)(check)
+
+    def remembered(value: object) -> str:
+        return passed(value) if type(value) is str else check(value)
+
+    return functools.update_wrapper(remembered, check)
+
+
+@_remembered
 def queue(value: object) -> str:
     """A queue name: letters, digits and `_ . : -`, starting with a letter or digit."""
     checked = text(value, "queue", QUEUE_MAX_LENGTH, required=True)
@@ -89,6 +101,7 @@ def queues(value: str | Iterable[str]) -> list[str]:
     return list(dict.fromkeys(queue(name) for name in names))
 
 
+@_remembered
 def kind(value: object) -> str:
     """What a todo is (a handler or task name); empty, or one word without spaces."""
     checked = text(value, "kind", KIND_MAX_LENGTH)
@@ -189,16 +202,20 @@ def run_after(value: object) -> datetime | None:
     return value
 
 
+#: Shared, because json.dumps with any option builds a new encoder on every call.
+_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def json_text(value: Any, name: str) -> str:
     """Serialize `value` as the JSON the database will store, within MAX_JSON_BYTES."""
     try:
-        serialized = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        serialized = _JSON.encode(value)
     except (TypeError, ValueError) as error:
         raise InvalidTodo(f"{name} is not JSON-serializable: {error}") from error
     if "\\u0000" in serialized:
         raise InvalidTodo(f"{name} must not contain NUL characters (PostgreSQL rejects them).")
     limit = conf.MAX_JSON_BYTES
-    size = len(serialized.encode())
+    size = len(serialized)  # ASCII: the encoder escapes everything else, one byte a character
     if size > limit:
         raise InvalidTodo(f"{name} is {size} bytes as JSON; the limit is {limit}.")
     return serialized

@@ -226,3 +226,57 @@ def test_bad_arguments_to_transitions(db: None, call: Callable[[], object], mess
     with CaptureQueriesContext(connection) as queries, pytest.raises(InvalidTodo, match=message):
         call()
     assert len(queries) == 0
+
+
+def test_enqueue_many_copies_rows_in(db: None) -> None:
+    """The COPY path stores every argument; what it leaves out gets the database default."""
+    later = datetime.now(UTC) + timedelta(hours=1)
+    event = Event.objects.create(source="s")
+    count = Todo.objects.enqueue_many(
+        [
+            {"kind": "plain", "payload": {"n": 1}},
+            {
+                "queue": "mail",
+                "kind": "full",
+                "title": "T",
+                "source": "import",
+                "payload": {"n": 2},
+                "assignee": "bob",
+                "max_attempts": 2,
+                "event": event,
+                "run_after": later,
+            },
+        ]
+    )
+    assert count == 2
+    plain = Todo.objects.get(kind="plain")
+    assert (plain.queue, plain.title, plain.payload, plain.max_attempts) == (
+        "default",
+        "",
+        {"n": 1},
+        5,
+    )
+    assert (plain.state, plain.attempt, plain.next_retry_at, plain.assignee) == (
+        State.PENDING,
+        0,
+        None,
+        None,
+    )
+    assert plain.id.startswith("td_") and plain.created_at is not None
+    full = Todo.objects.get(kind="full")
+    assert (full.queue, full.title, full.source, full.assignee) == ("mail", "T", "import", "bob")
+    assert (full.max_attempts, full.next_retry_at, full.event_id) == (2, later, event.id)
+    assert Todo.objects.claim_next("default", "w1", 30) == plain
+    assert Todo.objects.claim_next("mail", "bob", 30) is None
+
+
+def test_enqueue_many_refuses_keys_and_bad_rows_before_writing(db: None) -> None:
+    """COPY cannot deduplicate: a key is refused; any bad row stops the whole batch."""
+    with pytest.raises(InvalidTodo, match="todo #1: enqueue_many cannot deduplicate"):
+        Todo.objects.enqueue_many([{"kind": "k"}, {"kind": "k", "idempotency_key": "x"}])
+    with pytest.raises(InvalidTodo, match="todo #0: queue"):
+        Todo.objects.enqueue_many([{"kind": "k", "queue": "bad queue"}])
+    with pytest.raises(InvalidTodo, match="todo #0: .*unexpected keyword argument"):
+        Todo.objects.enqueue_many([{"kind": "k", "colour": "red"}])
+    assert not Todo.objects.exists()
+    assert Todo.objects.enqueue_many([]) == 0

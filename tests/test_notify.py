@@ -156,3 +156,26 @@ def test_no_notifications_when_listen_is_off(heard: Heard) -> None:
     claimed = Todo.objects.create(kind="k", state=State.CLAIMED, owner="w1")
     Todo.objects.release(claimed.id, "w1")
     assert heard() == []
+
+
+def test_enqueue_many_notifies_once_per_ready_queue(heard: Heard) -> None:
+    """The COPY path notifies after its rows are in, once per queue with claimable todos."""
+    later = timezone.now() + timedelta(hours=1)
+    Todo.objects.enqueue_many(
+        [
+            {"queue": "a", "kind": "k"},
+            {"queue": "a", "kind": "k"},
+            {"queue": "b", "kind": "k"},
+            {"queue": "later", "kind": "k", "run_after": later},
+        ]
+    )
+    assert sorted(heard()) == ["a", "b"]
+
+
+def test_enqueue_many_rolled_back_notifies_nothing(heard: Heard) -> None:
+    """Inside a transaction that rolls back, neither the rows nor the notification survive."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Todo.objects.enqueue_many([{"queue": "a", "kind": "k"}])
+        raise RuntimeError
+    assert heard() == []
+    assert not Todo.objects.exists()

@@ -404,3 +404,7 @@ SELECT queue, state, count(*) AS deleted
    AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
  GROUP BY queue, state
  ORDER BY queue, state;
+
+-- name: notify_queues
+-- Wake the workers of %(queues)s, on commit: enqueue_many's COPY cannot notify by itself.
+SELECT pg_notify('switchboard_todos', queue) FROM unnest(%(queues)s::text[]) AS woken (queue);
