@@ -16,7 +16,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: A line of the final table per figure, by scenario module.
 ROWS = {
     "enqueue": ["enqueue one at a time"],
-    "batch_enqueue": ["enqueue in batches of 500", "enqueue in batches of 1000"],
+    "batch_enqueue": [
+        "enqueue in batches of 500, create_many",
+        "enqueue in batches of 500, enqueue_many",
+        "enqueue in batches of 1000, create_many",
+        "enqueue in batches of 1000, enqueue_many",
+    ],
     "drain_single": ["claim_next + complete, 1 process", "claim_next + complete, 2 processes"],
     "drain_worker": ["no-op handler, 1 process", "no-op handler, 2 processes"],
     "pickup": [
