@@ -55,6 +55,9 @@ T = TypeVar("T")
 
 #: The claim-to-start delay a batch may add to its last todo, in seconds (and at most TTL/10).
 PREFETCH_WINDOW = 0.2
+#: A claimed todo still waiting in its batch after this many seconds goes back to the queue for
+#: other workers: a handler ahead of it ran far longer than the batch was sized for.
+UNSTARTED_LIMIT = 1.0
 #: A finished todo waits at most this long for its batch's acknowledgement.
 ACK_DELAY = 0.1
 #: Kept of a failure's traceback: the innermost frames, and at most this many characters.
@@ -520,8 +523,26 @@ class Worker:
                         break
                     else:
                         held.leased_at = sent
+                self._release_stuck_batches()
         finally:
             connections.close_all()
+
+    def _release_stuck_batches(self) -> None:
+        """Release the waiting todos of any batch stuck behind a handler that overran."""
+        now = time.monotonic()
+        for runner in self._runners:
+            try:
+                waited = now - runner.batch[0].leased_at
+            except IndexError:
+                continue
+            if waited > UNSTARTED_LIMIT:
+                logger.info(
+                    "worker %s: releasing %d todos waiting %.1fs behind a slow handler",
+                    self.owner,
+                    len(runner.batch),
+                    waited,
+                )
+                self._release_batch(runner)
 
     def _with_reconnect(self, what: str, call: Callable[..., T], *args: Any) -> T:
         """Run `call`, reconnecting and retrying when the connection broke.

@@ -220,6 +220,31 @@ def test_stop_lets_the_running_todo_finish_and_releases_the_rest(
     assert (second.state, second.attempt) == (State.PENDING, 0)
 
 
+def test_a_slow_handler_does_not_hold_the_todos_batched_behind_it(
+    background: Callable[[Worker], Background], gate: dict[str, str]
+) -> None:
+    """Todos claimed behind a handler that overruns go back, and another worker runs them."""
+    Todo.objects.create_todo(kind="test.noop")
+    slow, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
+    quick = [todo for todo, _ in Todo.objects.create_many([{"kind": "test.noop"}] * 5)]
+    # The first claim is a single todo; its speed sizes the next batch: the rest at once.
+    first = background(Worker(batch_size=100, owner="first"))
+    wait_until(lambda: started_lines(gate), "the slow handler to start")
+    assert Todo.objects.filter(owner="first", state=State.CLAIMED).count() == 6
+    background(Worker(owner="second", max_todos=5))
+    wait_until(
+        lambda: Todo.objects.filter(owner="second", state=State.DONE).count() == 5,
+        "the second worker to run the quick todos",
+        timeout=15,
+    )
+    assert Todo.objects.get(pk=slow.pk).state == State.CLAIMED
+    open_gate(gate)
+    wait_until(lambda: Todo.objects.get(pk=slow.pk).state == State.DONE, "the slow todo")
+    first.worker.stop()
+    assert first.join().released == 5
+    assert {todo.attempt for todo in Todo.objects.filter(pk__in=[t.pk for t in quick])} == {1}
+
+
 def test_a_notification_wakes_an_idle_worker(background: Callable[[Worker], Background]) -> None:
     """An idle listening worker claims new work at once, though it would poll once a minute."""
     running = background(Worker(poll_interval=60, max_todos=1))
