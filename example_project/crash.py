@@ -17,8 +17,9 @@ from typing import Any
 
 from django.db.models.functions import Now
 
-from example_project.processes import Child, Children, Console, Interrupts, database_in_words
+from example_project.processes import Child, Children, Console, database_in_words
 from switchboard_todos.models import State, Todo
+from switchboard_todos.shutdown import Shutdown
 
 QUEUE = "crash-demo"
 KIND = "example.slow"
@@ -87,7 +88,7 @@ class CrashDemo:
         return self.names.get(owner or "", owner or "nobody")
 
     def run(self) -> bool:
-        interrupts = Interrupts()
+        interrupts = Shutdown(every_signal=True)
         with interrupts:
             self.say(f"database: {database_in_words()}")
             self.say(
@@ -104,7 +105,7 @@ class CrashDemo:
         self.say("stopped: nothing is left running" if stopped else "stopped, not cleanly")
         return finished and stopped
 
-    def start_and_watch(self, children: Children, interrupts: Interrupts) -> bool:
+    def start_and_watch(self, children: Children, interrupts: Shutdown) -> bool:
         workers = {
             owner: children.start(
                 name, "todo_worker", "--queue", QUEUE, "--ttl", f"{self.ttl:g}", "--owner", owner

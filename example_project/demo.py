@@ -26,9 +26,10 @@ from django.core.management import call_command
 from django.db import DatabaseError, connection
 
 from example_project import tasks, webhooks
-from example_project.processes import Child, Children, Console, Interrupts, database_in_words
+from example_project.processes import Child, Children, Console, database_in_words
 from switchboard_todos.compat import task_backends
 from switchboard_todos.models import State, Todo
+from switchboard_todos.shutdown import Shutdown
 
 ADMIN_USER = "demo"
 TODOS_PATH = "/admin/switchboard_todos/todo/"
@@ -126,7 +127,7 @@ class Demo:
         self.console.say("demo", text)
 
     def run(self) -> bool:
-        interrupts = Interrupts()
+        interrupts = Shutdown(every_signal=True)
         with interrupts:
             self.say(f"database: {database_in_words()}")
             call_command("migrate", interactive=False, verbosity=0)
@@ -143,7 +144,7 @@ class Demo:
         return watched and stopped
 
     def start_and_watch(
-        self, children: Children, interrupts: Interrupts, credentials: tuple[str, str]
+        self, children: Children, interrupts: Shutdown, credentials: tuple[str, str]
     ) -> bool:
         web = children.start("web", "runserver", "--noreload", f"127.0.0.1:{self.port}")
         for number in range(1, self.workers + 1):
@@ -252,7 +253,7 @@ class Demo:
 
     # Running
 
-    def wait_until_answering(self, web: Child, interrupts: Interrupts) -> bool:
+    def wait_until_answering(self, web: Child, interrupts: Shutdown) -> bool:
         """Wait for the admin's login page to answer; False if the server ended or never did."""
         waited = 0.0
         while not interrupts.count:
@@ -290,7 +291,7 @@ class Demo:
         self.say("Ctrl-C stops everything: the workers finish the todos in hand first.")
         self.say()
 
-    def watch(self, children: Children, interrupts: Interrupts) -> bool:
+    def watch(self, children: Children, interrupts: Shutdown) -> bool:
         """Report the seeded todos as they end, until a signal (True) or a child ends (False)."""
         while not interrupts.wait(WATCH_INTERVAL):
             ended = children.ended()

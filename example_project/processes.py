@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from collections import deque
-from types import FrameType
 from typing import TextIO
 
 from django.db import connection
@@ -73,30 +72,6 @@ class Console:
             for line in text.splitlines() or [""]:
                 self.stream.write(f"{name:<{self.width}} | {line}".rstrip() + "\n")
             self.stream.flush()
-
-
-class Interrupts(Shutdown):
-    """SIGINT and SIGTERM while inside `with`, every one counted: the demo acts on each.
-
-    Unlike its base, which leaves a second signal to the default handler, it keeps counting:
-    the demo passes a second Ctrl-C on to its children rather than die and orphan them.
-    """
-
-    count = 0
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.count += 1
-        self.request(signum)
-
-    def wait(self, seconds: float, seen: int = 0) -> bool:
-        """Sleep up to `seconds`; return True as soon as more than `seen` signals arrived."""
-        deadline = time.monotonic() + seconds
-        while self.count <= seen:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(left, 0.05))
-        return True
 
 
 class Child:
@@ -190,7 +165,7 @@ class Children:
         """The children that are no longer running."""
         return [child for child in self.started if child.returncode is not None]
 
-    def stop(self, interrupts: Interrupts, grace: float = STOP_GRACE) -> bool:
+    def stop(self, interrupts: Shutdown, grace: float = STOP_GRACE) -> bool:
         """SIGTERM every child once and wait; True when each stopped as asked.
 
         Another signal to the demo meanwhile sends a second SIGTERM (a worker then releases

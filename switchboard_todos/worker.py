@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
 import socket
 import threading
 import time
@@ -36,7 +35,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from inspect import iscoroutinefunction
-from types import FrameType
 from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
@@ -48,6 +46,7 @@ from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import TodoConflict, TodoNotFound, UnknownKind
 from switchboard_todos.listen import Doorbell, Listener, PollSchedule
 from switchboard_todos.models import State, Todo
+from switchboard_todos.shutdown import Shutdown
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +178,6 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._finished = threading.Event()
-        self._signals = 0
         self._handlers: dict[str, handlers.Handler] = {}
 
     # Running and stopping
@@ -195,8 +193,13 @@ class Worker:
             self.ttl,
             "listening" if self.listen else "polling",
         )
-        restore = self._install_signal_handlers()
         heartbeat = threading.Thread(target=self._heartbeats, name="todo-heartbeat", daemon=True)
+        with Shutdown(every_signal=True) as signals:
+            self._work(heartbeat, signals)
+        logger.info("worker %s stopped: %s", self.owner, self.stats)
+        return self.stats
+
+    def _work(self, heartbeat: threading.Thread, signals: Shutdown) -> None:
         try:
             if self.listen:
                 self._listener = Listener(self.database)
@@ -213,45 +216,26 @@ class Worker:
                 )
                 thread.start()
                 self._threads.append(thread)
-            self._supervise()
+            self._supervise(signals)
         finally:
-            restore()
             self._finished.set()
             if heartbeat.is_alive():
                 heartbeat.join()
             if self._listener is not None:
                 self._listener.stop()
-        logger.info("worker %s stopped: %s", self.owner, self.stats)
-        return self.stats
 
     def stop(self) -> None:
         """Stop claiming and let the todos in hand finish; safe from any thread."""
         self._stopping.set()
         self._doorbell.ring_all()
 
-    def _install_signal_handlers(self) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-
-        def count(signum: int, frame: FrameType | None) -> None:
-            # Only count here: the supervising loop does the work, outside the signal handler.
-            self._signals += 1
-
-        previous = {sig: signal.signal(sig, count) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-        return restore
-
-    def _supervise(self) -> None:
+    def _supervise(self, signals: Shutdown) -> None:
         started = time.monotonic()
         signals_seen = 0
         buffers_released = False
         while True:
-            if self._signals > signals_seen:
-                signals_seen = self._signals
+            if signals.count > signals_seen:
+                signals_seen = signals.count
                 if signals_seen == 1:
                     logger.info("worker %s: stopping; the todos in hand finish first", self.owner)
                     self.stop()

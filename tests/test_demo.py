@@ -27,8 +27,9 @@ from example_project.database import (
     sweep,
 )
 from example_project.demo import Demo, Seeded
-from example_project.processes import Console, Interrupts
+from example_project.processes import Console
 from switchboard_todos.models import Event, State, Todo
+from switchboard_todos.shutdown import Shutdown
 from tests.conftest import ROOT
 from tests.test_database_default import running
 from tests.test_worker import wait_until
@@ -336,7 +337,7 @@ def test_a_task_is_reported_with_its_task_result() -> None:
 def test_interrupts_count_every_signal_and_restore_the_handlers() -> None:
     """Each SIGTERM or SIGINT is counted, none ends the process; the old handlers come back."""
     before = signal.getsignal(signal.SIGTERM)
-    interrupts = Interrupts()
+    interrupts = Shutdown(every_signal=True)
     with interrupts:
         assert not interrupts.wait(0.01)
         os.kill(os.getpid(), signal.SIGTERM)
