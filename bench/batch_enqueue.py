@@ -29,33 +29,25 @@ COPY = "COPY todos (queue, kind, payload) FROM STDIN"
 
 def ours(child: Child, *, count: int, batch: int) -> None:
     """Enqueue `count` todos through `create_many`, `batch` at a time."""
-    from django.db import connection
-
-    from switchboard_todos.models import Todo
-
-    connection.ensure_connection()
-    child.start()
-    for first in range(0, count, batch):
-        numbers = range(first, min(first + batch, count))
-        Todo.objects.create_many(
-            {"queue": QUEUE, "kind": "bench.noop", "payload": {"n": number}} for number in numbers
-        )
-        child.count(len(numbers))
+    through(child, "create_many", count, batch)
 
 
 def ours_copy(child: Child, *, count: int, batch: int) -> None:
     """Enqueue `count` todos through `enqueue_many` (COPY), `batch` at a time."""
+    through(child, "enqueue_many", count, batch)
+
+
+def through(child: Child, method: str, count: int, batch: int) -> None:
     from django.db import connection
 
     from switchboard_todos.models import Todo
 
+    enqueue = getattr(Todo.objects, method)
     connection.ensure_connection()
     child.start()
     for first in range(0, count, batch):
         numbers = range(first, min(first + batch, count))
-        Todo.objects.enqueue_many(
-            {"queue": QUEUE, "kind": "bench.noop", "payload": {"n": number}} for number in numbers
-        )
+        enqueue({"queue": QUEUE, "kind": "bench.noop", "payload": {"n": n}} for n in numbers)
         child.count(len(numbers))
 
 
