@@ -343,6 +343,25 @@ def test_the_command_runs_a_worker(caplog: pytest.LogCaptureFixture) -> None:
     assert f"todo {todo.id} kind=test.echo attempt=1" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("argument", "message"),
+    [
+        ("--concurrency=0", "must be 1 or more"),
+        ("--concurrency=5000", "must be 1000 or less"),
+        ("--batch-size=many", "is not a whole number"),
+        ("--ttl=0", "must be more than zero"),
+        ("--ttl=13h", "ttl must be at most 12:00:00"),
+        ("--poll-interval=-1", "invalid duration"),
+        ("--queue=no spaces", "is not a valid queue name"),
+        ("--owner= ", "owner must not be empty"),
+    ],
+)
+def test_the_command_refuses_bad_options(argument: str, message: str) -> None:
+    """Each option is checked by argparse, with the reason, before a worker starts."""
+    with pytest.raises(CommandError, match=message):
+        call_command("todo_worker", argument, "--max-todos=1")
+
+
 def test_the_command_refuses_a_module_it_cannot_import() -> None:
     """--import-module of a missing module is a CommandError before anything is claimed."""
     with pytest.raises(CommandError, match="--import-module tests.nowhere"):

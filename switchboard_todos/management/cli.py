@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import re
 from argparse import ArgumentTypeError
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from switchboard_todos import validation
 from switchboard_todos.exceptions import InvalidTodo
+
+T = TypeVar("T")
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -55,12 +59,39 @@ def positive_int(text: str) -> int:
     return value
 
 
-def queue_name(text: str) -> str:
-    """A queue name, checked as `create_todo` checks it."""
-    try:
-        return validation.queue(text)
-    except InvalidTodo as error:
-        raise ArgumentTypeError(str(error)) from None
+def checked(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse `type=` from a check that raises InvalidTodo or ValueError on bad text."""
+
+    def parse(text: str) -> T:
+        try:
+            return check(text)
+        except (InvalidTodo, ValueError) as error:
+            raise ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = check.__name__  # argparse names the type in "invalid <name> value"
+    return parse
+
+
+def at_most(high: int) -> Callable[[str], int]:
+    """A whole number from 1 to `high`."""
+
+    def whole_number(text: str) -> int:
+        value = positive_int(text)
+        if value > high:
+            raise ArgumentTypeError(f"{text!r} must be {high} or less")
+        return value
+
+    return whole_number
+
+
+def seconds(text: str) -> float:
+    """A positive duration in seconds, written as `duration` reads it (30, 0.5, 90s, 5m)."""
+    return duration(text).total_seconds()
+
+
+#: A queue name or an owner, checked as the manager checks them.
+queue_name = checked(validation.queue)
+owner = checked(validation.owner)
 
 
 def plural(count: int, noun: str, nouns: str | None = None) -> str:

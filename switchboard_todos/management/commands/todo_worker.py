@@ -6,52 +6,18 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from switchboard_todos import validation
-from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.management import cli
 from switchboard_todos.worker import Worker
-
-T = TypeVar("T")
-
-
-def _argument(check: Callable[[str], T]) -> Callable[[str], T]:
-    """An argparse `type=` that turns InvalidTodo and ValueError into usage errors."""
-
-    def parse(text: str) -> T:
-        try:
-            return check(text)
-        except (InvalidTodo, ValueError) as error:
-            raise argparse.ArgumentTypeError(str(error)) from error
-
-    parse.__name__ = check.__name__
-    return parse
-
-
-def _count(name: str, high: int) -> Callable[[str], int]:
-    def count(text: str) -> int:
-        return validation.whole_number(int(text), name, 1, high)
-
-    count.__name__ = name
-    return count
 
 
 def _ttl(text: str) -> float:
-    return validation.ttl(float(text)).total_seconds()
-
-
-def _seconds(name: str) -> Callable[[str], float]:
-    def seconds(text: str) -> float:
-        value = float(text)
-        if not value > 0:
-            raise ValueError(f"{name} must be more than zero seconds, not {text}.")
-        return value
-
-    seconds.__name__ = name
-    return seconds
+    """A lease length: a duration of at most 12 hours."""
+    return validation.ttl(cli.seconds(text)).total_seconds()
 
 
 class Command(BaseCommand):
@@ -65,30 +31,30 @@ class Command(BaseCommand):
             "--queue",
             action="append",
             dest="queues",
-            type=_argument(validation.queue),
+            type=cli.queue_name,
             help="A queue to claim from; repeat for several (default: 'default').",
         )
         parser.add_argument(
             "--concurrency",
-            type=_argument(_count("concurrency", 1000)),
+            type=cli.at_most(1000),
             default=1,
             help="Todos run at once, each on its own thread (default: 1).",
         )
         parser.add_argument(
             "--ttl",
-            type=_argument(_ttl),
+            type=cli.checked(_ttl),
             default=30.0,
-            help="Lease length in seconds, renewed by heartbeats every third (default: 30).",
+            help="Lease length (30, 90s, 5m), renewed by heartbeats every third (default: 30s).",
         )
         parser.add_argument(
             "--batch-size",
-            type=_argument(_count("batch-size", validation.CLAIM_BATCH_LIMIT)),
+            type=cli.at_most(validation.CLAIM_BATCH_LIMIT),
             default=100,
             help="Most todos claimed at once, for quick handlers (default: 100).",
         )
         parser.add_argument(
             "--owner",
-            type=_argument(validation.owner),
+            type=cli.owner,
             help="The worker id holding the leases (default: host:pid:random).",
         )
         parser.add_argument(
@@ -100,18 +66,18 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--poll-interval",
-            type=_argument(_seconds("poll-interval")),
+            type=cli.seconds,
             default=1.0,
             help="Longest wait between claims that found nothing, in seconds (default: 1).",
         )
         parser.add_argument(
             "--max-todos",
-            type=_argument(_count("max-todos", 2**62)),
+            type=cli.positive_int,
             help="Exit after this many todos (recycling, tests).",
         )
         parser.add_argument(
             "--max-seconds",
-            type=_argument(_seconds("max-seconds")),
+            type=cli.seconds,
             help="Stop claiming after this many seconds, then exit once the todos in hand end.",
         )
         parser.add_argument(
