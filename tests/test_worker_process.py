@@ -165,4 +165,4 @@ def test_bad_arguments_are_usage_errors(spawn: Spawn) -> None:
     """Validation happens in argparse: a clear message and exit status 2, nothing claimed."""
     child = Child(spawn, "--concurrency", "0", "--queue", "bad queue")
     assert child.exit_code() == 2
-    assert child.logged("concurrency must be between 1 and 1000")
+    assert child.logged("argument --concurrency: '0' must be 1 or more")
