@@ -62,11 +62,6 @@ def get_handler(kind: str) -> Handler | None:
     return _registry.get(kind)
 
 
-def registered_kinds() -> list[str]:
-    """Every kind with a handler, sorted."""
-    return sorted(_registry)
-
-
 def autodiscover() -> None:
     """Import the `todo_handlers` module of every installed app that has one."""
     autodiscover_modules("todo_handlers")
