@@ -37,3 +37,11 @@ class UnknownKind(TodoError, LookupError):
 
 class LeaseExpired(TodoError):
     """Names a lapsed attempt in a todo's error history ("LeaseExpired"); never raised."""
+
+
+class NotAuthenticated(TodoError):
+    """A remote agent's token is missing, unknown or revoked (HTTP 401)."""
+
+
+class QueueNotGranted(TodoError, PermissionError):
+    """A remote agent asked for a queue it was not granted (HTTP 403)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+from django.contrib.postgres.fields import ArrayField
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Cast
@@ -218,3 +220,47 @@ class Todo(models.Model):
 
     def __str__(self) -> str:
         return self.title or self.kind or self.id
+
+
+#: An agent's name is the `owner` of every todo it claims: a one-word name, as a queue's.
+AGENT_NAME_MAX_LENGTH = 100
+agent_name_validator = RegexValidator(
+    rf"\A[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{AGENT_NAME_MAX_LENGTH - 1}}}\Z",
+    "Use up to 100 letters, digits and _ . : -, starting with a letter or digit.",
+)
+
+
+class Agent(models.Model):
+    """A remote agent (HTTP, MCP): its name is the owner of what it claims, its token its key.
+
+    Only a hash of the token is stored (see agents/tokens.py); `token_prefix` is its first
+    characters, enough for a person to tell which token a log line or a leak is about.
+    """
+
+    name = models.TextField(validators=[agent_name_validator])
+    claim_queues = ArrayField(
+        models.TextField(), default=list, blank=True, help_text=_("Queues it may claim from.")
+    )
+    create_queues = ArrayField(
+        models.TextField(), default=list, blank=True, help_text=_("Queues it may create todos in.")
+    )
+    is_active = models.BooleanField(default=True, help_text=_("Unset to revoke its token."))
+    token_prefix = models.TextField(editable=False)
+    token_hash = models.TextField(editable=False)
+    #: Bumped at every rotation: credentials derived from the token can tell old from new.
+    token_generation = models.IntegerField(default=1, editable=False)
+    created_at = models.DateTimeField(db_default=_now(), editable=False)
+    #: Updated at most once a minute by the requests the agent makes.
+    last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        db_table = "todo_agents"
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["name"], name="todo_agents_name_key"),
+            # Every request looks its agent up by this hash.
+            models.UniqueConstraint(fields=["token_hash"], name="todo_agents_token_key"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

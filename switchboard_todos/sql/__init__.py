@@ -20,3 +20,5 @@ def parse(text: str) -> dict[str, str]:
 
 
 queries = parse(files(__package__).joinpath("todos.sql").read_text(encoding="utf-8"))
+agent_queries = parse(files(__package__).joinpath("agents.sql").read_text(encoding="utf-8"))
+"""The remote agents' statements of `agents.sql`."""

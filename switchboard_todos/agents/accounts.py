@@ -1,0 +1,61 @@
+"""Creating agents and changing their tokens: what the admin and `manage.py todo_agent` share.
+
+Each returns the new token, which exists nowhere else: show it once, then it is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.core.exceptions import ValidationError
+from django.db.models import F
+
+from switchboard_todos import validation
+from switchboard_todos.agents.tokens import issue_token
+from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.models import Agent, agent_name_validator
+
+
+def create_agent(
+    name: str, *, claim_queues: Iterable[str] = (), create_queues: Iterable[str] = ()
+) -> tuple[Agent, str]:
+    """A new active agent with the queues it may claim from and create in; (agent, token)."""
+    try:
+        agent_name_validator(name)
+    except ValidationError as error:
+        raise InvalidTodo(f"Agent name {name!r}: {' '.join(error.messages)}") from None
+    if Agent.objects.filter(name=name).exists():
+        raise InvalidTodo(f"Agent {name!r} exists already; rotate its token instead.")
+    issued = issue_token()
+    agent = Agent.objects.create(
+        name=name,
+        claim_queues=_queues(claim_queues),
+        create_queues=_queues(create_queues),
+        token_hash=issued.hash,
+        token_prefix=issued.prefix,
+    )
+    return agent, issued.token
+
+
+def rotate_token(agent: Agent) -> str:
+    """Give `agent` a new token and make it active; the old token stops working at once."""
+    issued = issue_token()
+    Agent.objects.filter(pk=agent.pk).update(
+        token_hash=issued.hash,
+        token_prefix=issued.prefix,
+        token_generation=F("token_generation") + 1,
+        is_active=True,
+    )
+    agent.refresh_from_db()
+    return issued.token
+
+
+def revoke(agent: Agent) -> None:
+    """Refuse `agent`'s token from now on (its leases lapse as any worker's do)."""
+    Agent.objects.filter(pk=agent.pk).update(is_active=False)
+    agent.refresh_from_db()
+
+
+def _queues(names: Iterable[str]) -> list[str]:
+    names = list(names)
+    return validation.queues(names) if names else []

@@ -1,0 +1,85 @@
+"""The one error table of the remote surfaces: what each typed exception means to an agent.
+
+Every adapter maps from here (HTTP to a status and an RFC 9457 problem, MCP to a tool error
+with the same title and message) and passes the exception's own message on as the detail,
+never re-phrasing what the core said.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from switchboard_todos.exceptions import (
+    InvalidTodo,
+    NotAuthenticated,
+    QueueNotGranted,
+    TodoConflict,
+    TodoError,
+    TodoNotFound,
+)
+
+#: Problem types are anchors of the error table in docs/agents.md.
+TYPE_BASE = "https://github.com/switchboard/switchboard-todos/blob/main/docs/agents.md#"
+
+
+class ErrorKind(NamedTuple):
+    """How the remote surfaces present one kind of error."""
+
+    status: int
+    slug: str
+    title: str
+    advice: str
+    """What an agent should do about it: the MCP tools' descriptions repeat this."""
+
+    @property
+    def type(self) -> str:
+        """The RFC 9457 problem type URI."""
+        return TYPE_BASE + self.slug
+
+
+NOT_AUTHENTICATED = ErrorKind(
+    401, "not-authenticated", "Not authenticated", "Stop: the token is missing, unknown or revoked."
+)
+QUEUE_NOT_GRANTED = ErrorKind(
+    403, "queue-not-granted", "Queue not granted", "Use only the queues this agent was granted."
+)
+TODO_NOT_FOUND = ErrorKind(
+    404, "todo-not-found", "Todo not found", "Forget this id: no todo of yours has it."
+)
+TODO_CONFLICT = ErrorKind(
+    409,
+    "todo-conflict",
+    "Conflict",
+    "The todo is not in a state that allows this, or not held by you (the lease was lost): "
+    "stop working on it, do not complete it.",
+)
+INVALID_INPUT = ErrorKind(
+    422, "invalid-input", "Invalid input", "Fix the arguments as the detail says; nothing changed."
+)
+#: HTTP only: the request body is larger than the API accepts.
+BODY_TOO_LARGE = ErrorKind(
+    413, "body-too-large", "Request body too large", "Send less; nothing changed."
+)
+
+#: Exception class -> kind; a subclass takes its nearest listed base's kind.
+TABLE: dict[type[TodoError], ErrorKind] = {
+    NotAuthenticated: NOT_AUTHENTICATED,
+    QueueNotGranted: QUEUE_NOT_GRANTED,
+    TodoNotFound: TODO_NOT_FOUND,
+    TodoConflict: TODO_CONFLICT,
+    InvalidTodo: INVALID_INPUT,
+}
+
+
+def kind_of(error: TodoError) -> ErrorKind:
+    """The kind of `error`; any other TodoError is the agent's input the core refused."""
+    for cls in type(error).__mro__:
+        kind = TABLE.get(cls)
+        if kind is not None:
+            return kind
+    return INVALID_INPUT
+
+
+def problem(kind: ErrorKind, detail: str) -> dict[str, Any]:
+    """An RFC 9457 problem details object."""
+    return {"type": kind.type, "title": kind.title, "status": kind.status, "detail": detail}

@@ -1,0 +1,65 @@
+"""The one JSON shape of a todo, for every remote surface (HTTP responses, MCP tool output)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypedDict
+
+from switchboard_todos.models import Todo
+
+
+class TodoJSON(TypedDict):
+    """A todo as a remote agent sees it; times are ISO 8601 strings in UTC, or null."""
+
+    id: str
+    queue: str
+    kind: str
+    title: str
+    source: str
+    payload: dict[str, Any]
+    state: str
+    owner: str | None
+    assignee: str | None
+    idempotency_key: str | None
+    attempt: int
+    max_attempts: int
+    lease_expires_at: str | None
+    next_retry_at: str | None
+    created_at: str | None
+    updated_at: str | None
+    claimed_at: str | None
+    completed_at: str | None
+    result: Any
+    last_error: Any
+
+
+def todo_json(todo: Todo) -> TodoJSON:
+    """`todo` in the shape every remote surface answers with."""
+    errors = todo.errors
+    return {
+        "id": todo.id,
+        "queue": todo.queue,
+        "kind": todo.kind,
+        "title": todo.title,
+        "source": todo.source,
+        "payload": todo.payload,
+        "state": todo.state,
+        "owner": todo.owner,
+        "assignee": todo.assignee,
+        "idempotency_key": todo.idempotency_key,
+        "attempt": todo.attempt,
+        "max_attempts": todo.max_attempts,
+        "lease_expires_at": _time(todo.lease_expires_at),
+        "next_retry_at": _time(todo.next_retry_at),
+        "created_at": _time(todo.created_at),
+        "updated_at": _time(todo.updated_at),
+        "claimed_at": _time(todo.claimed_at),
+        "completed_at": _time(todo.completed_at),
+        "result": todo.result,
+        # The error of the last failed or lapsed attempt, from the todo's history.
+        "last_error": errors[-1].get("error") if isinstance(errors, list) and errors else None,
+    }
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
