@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any
+
+if sys.version_info >= (3, 12):
+    from typing import TypedDict
+else:  # pydantic, which makes the MCP tools' output schema of it, needs this one below 3.12
+    from typing_extensions import TypedDict
 
 from switchboard_todos.models import Todo
 

@@ -1,0 +1,41 @@
+"""ASGI entry point of the example project: Django, and the MCP endpoint at /mcp.
+
+A small Starlette application routes /mcp to the MCP tools (bearer tokens of the agents) and
+everything else (admin, webhooks, /api/) to Django. It also runs the MCP session manager's
+lifespan, which Django's ASGI handler refuses to. Serve it with any ASGI server:
+
+    uvicorn example_project.asgi:application
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import cast
+
+from django.core.asgi import get_asgi_application
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+
+django = get_asgi_application()
+
+# Imported once Django is set up: it uses the models.
+from switchboard_todos.mcp.http import streamable_http  # noqa: E402
+
+mcp = streamable_http("/mcp")
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async with mcp.lifespan():
+        yield
+
+
+application = Starlette(
+    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, django))],
+    lifespan=lifespan,
+)

@@ -1,0 +1,295 @@
+"""The MCP tools: the queue's verbs for an agent, each one call of the agent service layer.
+
+The tools never check a permission or a value themselves: the service does, for HTTP and MCP
+alike, and its typed exceptions come back as MCP tool errors (`isError`) carrying the problem
+details of the one error table, so the session goes on. Each docstring below is what the
+language model reads as the tool's description.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.db import close_old_connections
+from mcp.server import MCPServer
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field
+
+from switchboard_todos import __version__
+from switchboard_todos.agents import errors, service
+from switchboard_todos.agents.serialize import TodoJSON, todo_json
+from switchboard_todos.exceptions import TodoError
+from switchboard_todos.models import Agent, Todo
+
+#: Finds the agent a tool call acts as: from the bearer token (HTTP) or by name (stdio).
+AgentSource = Callable[[], Awaitable[Agent]]
+
+INSTRUCTIONS = (
+    "A durable work queue. Loop: claim (with wait, up to 20 s) -> work, calling heartbeat "
+    "before the lease (ttl) runs out -> complete with a result, or fail with an error. A "
+    "lease-lost error means another agent may have the todo now: stop work on it and do not "
+    "complete it. Work may be delivered again after a crash, so make each step safe to repeat."
+)
+
+TodoId = Annotated[str, Field(description="The todo's id, td_...")]
+Ttl = Annotated[
+    float, Field(description="Lease length in seconds from now; heartbeat before it runs out.")
+]
+
+
+class Todos(BaseModel):
+    todos: list[TodoJSON]
+
+
+class Page(BaseModel):
+    todos: list[TodoJSON]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: last.")
+
+
+class Created(BaseModel):
+    todo: TodoJSON
+    created: bool = Field(description="False: the idempotency key found a live todo, returned.")
+
+
+@asynccontextmanager
+async def request_scope() -> AsyncIterator[None]:
+    """Around each call, what Django's ASGI handler does around a request.
+
+    The ORM runs in a thread of this call's own (so agents do not queue behind one another),
+    and database connections too old or broken are closed before and after (CONN_MAX_AGE),
+    as the request_started and request_finished signals do.
+    """
+    async with ThreadSensitiveContext():
+        await sync_to_async(close_old_connections)()
+        try:
+            yield
+        finally:
+            await sync_to_async(close_old_connections)()
+
+
+def _result(structured: dict[str, Any]) -> CallToolResult:
+    text = json.dumps(structured, separators=(",", ":"))
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=structured
+    )
+
+
+def _error(error: TodoError) -> CallToolResult:
+    """A tool error: the HTTP API's problem details, and what to do about it, for the model."""
+    kind = errors.kind_of(error)
+    problem = errors.problem(kind, str(error))
+    text = f"{kind.title} ({kind.status}): {error} {kind.advice}"
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=problem, is_error=True
+    )
+
+
+class Tools:
+    """The tools of one MCP server; `agent` says whom each call acts for."""
+
+    def __init__(self, agent: AgentSource) -> None:
+        self._agent = agent
+
+    async def _run(self, call: Callable[[Agent], Awaitable[dict[str, Any]]]) -> CallToolResult:
+        async with request_scope():
+            try:
+                return _result(await call(await self._agent()))
+            except TodoError as error:
+                return _error(error)
+
+    async def list_todos(
+        self,
+        queues: Annotated[
+            list[str] | None,
+            Field(description="Queues to look in; default: every queue you may claim from."),
+        ] = None,
+        state: Annotated[
+            Literal["pending", "claimed"],
+            Field(description='"pending": todos you may claim; "claimed": todos you hold.'),
+        ] = "pending",
+        limit: Annotated[int, Field(description="At most this many, up to 100.")] = 50,
+        cursor: Annotated[
+            str | None, Field(description="`next_cursor` of the previous page.")
+        ] = None,
+    ) -> Annotated[CallToolResult, Page]:
+        """Look at todos without changing anything: the pending ones you could claim, oldest
+        first, or (state "claimed") the ones you hold now. To get work, call `claim` instead:
+        a todo seen here may be claimed by another agent a moment later. Useful to recover
+        the todos you hold after a restart. Errors: a queue you have no grant for is refused;
+        fix the queue names, do not retry as is."""
+
+        async def call(agent: Agent) -> dict[str, Any]:
+            page = await service.alist_todos(
+                agent, queues=queues, state=state, limit=limit, cursor=cursor
+            )
+            return {
+                "todos": [todo_json(todo) for todo in page.todos],
+                "next_cursor": page.next_cursor,
+            }
+
+        return await self._run(call)
+
+    async def claim(
+        self,
+        ttl: Ttl,
+        queues: Annotated[
+            list[str] | None,
+            Field(description="Claim from these queues; default: every queue you may claim from."),
+        ] = None,
+        todo_id: Annotated[
+            str | None, Field(description="Claim this one todo instead of the oldest.")
+        ] = None,
+        wait: Annotated[
+            float,
+            Field(description="Seconds to wait for work when none is ready, at most 20."),
+        ] = 0,
+        limit: Annotated[int, Field(description="Claim up to this many todos, 1 to 10.")] = 1,
+    ) -> Annotated[CallToolResult, Todos]:
+        """Take work: claim the oldest ready todos of your queues (or the one `todo_id`) under
+        a lease of `ttl` seconds. Only you may heartbeat, complete, fail or release a todo you
+        hold. An empty list means no work arrived within `wait`: call claim again (with wait up
+        to 20 s) rather than polling fast. While working, call `heartbeat` before the lease
+        runs out; when done, `complete` or `fail`. A todo's `attempt` above 1 means an earlier
+        attempt did not finish: check what it left behind before redoing side effects.
+        Errors: not found (no such todo in your queues) or conflict (another agent holds it,
+        it is not pending yet): pick other work."""
+
+        async def call(agent: Agent) -> dict[str, Any]:
+            todos = await service.aclaim(
+                agent, queues=queues, todo_id=todo_id, ttl=ttl, wait=wait, limit=limit
+            )
+            return {"todos": [todo_json(todo) for todo in todos]}
+
+        return await self._run(call)
+
+    async def heartbeat(self, todo_id: TodoId, ttl: Ttl) -> Annotated[CallToolResult, TodoJSON]:
+        """Keep a todo you hold: extend its lease to `ttl` seconds from now. Call it well
+        before the lease expires (e.g. every ttl/3) while you work on the todo. Errors: a
+        conflict or not-found means the lease is lost (it expired and the todo went back to the
+        queue, perhaps to another agent): stop working on it, do not complete it, claim again."""
+        return await self._run(lambda agent: _todo(service.aheartbeat(agent, todo_id, ttl)))
+
+    async def complete(
+        self,
+        todo_id: TodoId,
+        result: Annotated[
+            Any, Field(description="Any JSON value: what you did, for whoever reads it.")
+        ] = None,
+    ) -> Annotated[CallToolResult, TodoJSON]:
+        """Finish a todo you hold: it becomes done with `result`, and is never delivered again.
+        Call it only when the work is really done. Errors: conflict or not found means the
+        lease was lost before you finished (another agent may have the todo): do not retry
+        the completion; the todo will be, or was, done by whoever holds it now."""
+        return await self._run(lambda agent: _todo(service.acomplete(agent, todo_id, result)))
+
+    async def fail(
+        self,
+        todo_id: TodoId,
+        error: Annotated[
+            Any, Field(description="What went wrong: a message or any JSON value.")
+        ] = None,
+        retry_in: Annotated[
+            float | None,
+            Field(description="Seconds before a retry; default: the queue's backoff."),
+        ] = None,
+    ) -> Annotated[CallToolResult, TodoJSON]:
+        """Give up this attempt at a todo you hold because it went wrong: it is retried later
+        (pending again after a backoff, by you or another agent), or becomes a dead letter
+        (state "failed") when it has used its last attempt. Use `release` instead when you did
+        not try it (shutting down, not your kind of work). Errors: conflict or not found
+        means the lease was already lost: nothing to do."""
+        return await self._run(lambda agent: _todo(service.afail(agent, todo_id, error, retry_in)))
+
+    async def release(
+        self,
+        todo_id: TodoId,
+        delay: Annotated[
+            float | None,
+            Field(description="Seconds before it may be claimed again; default: at once."),
+        ] = None,
+    ) -> Annotated[CallToolResult, TodoJSON]:
+        """Hand back a todo you hold without counting an attempt: it is pending again (after
+        `delay` seconds) for any agent. Use it when you stop before trying the work, e.g. you
+        are shutting down or cannot handle it. Errors: conflict or not found means the lease
+        was already lost: nothing to do."""
+        return await self._run(lambda agent: _todo(service.arelease(agent, todo_id, delay)))
+
+    async def create_for(
+        self,
+        queue: Annotated[str, Field(description="A queue you may create todos in.")],
+        kind: Annotated[str, Field(description="What sort of work, e.g. review.pr.")] = "",
+        title: Annotated[str, Field(description="One line a person can read.")] = "",
+        payload: Annotated[
+            dict[str, Any] | None,
+            Field(description="A JSON object: what whoever claims it needs to do the work."),
+        ] = None,
+        idempotency_key: Annotated[
+            str | None,
+            Field(
+                description="A key unique to this piece of work: creating again with the same "
+                "key returns the live todo instead of a second one. Set it so retries are safe."
+            ),
+        ] = None,
+        assignee: Annotated[
+            str | None,
+            Field(description="Only the agent of this name may claim it; default: anyone."),
+        ] = None,
+        run_after: Annotated[
+            str | None,
+            Field(description="Not claimable before this time: ISO 8601 with a time zone."),
+        ] = None,
+        max_attempts: Annotated[
+            int, Field(description="Attempts before it becomes a dead letter.")
+        ] = 5,
+    ) -> Annotated[CallToolResult, Created]:
+        """Create a todo for another agent or worker (or for later): hand off work you found.
+        With an `idempotency_key`, calling again after a timeout or crash is safe: the live
+        todo with that key comes back with created=false. Errors: a queue you have no grant
+        to create in is refused; invalid values say which one to fix."""
+
+        async def call(agent: Agent) -> dict[str, Any]:
+            todo, created = await service.acreate_for(
+                agent,
+                queue=queue,
+                kind=kind,
+                title=title,
+                payload=payload,
+                idempotency_key=idempotency_key,
+                assignee=assignee,
+                run_after=run_after,
+                max_attempts=max_attempts,
+            )
+            return {"todo": todo_json(todo), "created": created}
+
+        return await self._run(call)
+
+
+async def _todo(transition: Awaitable[Todo]) -> dict[str, Any]:
+    return dict(todo_json(await transition))
+
+
+#: The tools, named after the seed's verbs; each is read-only, or changes one todo.
+TOOLS = {
+    "list_todos": ToolAnnotations(read_only_hint=True),
+    "claim": ToolAnnotations(read_only_hint=False, destructive_hint=False),
+    "heartbeat": ToolAnnotations(read_only_hint=False, destructive_hint=False),
+    "complete": ToolAnnotations(read_only_hint=False, destructive_hint=False),
+    "fail": ToolAnnotations(read_only_hint=False, destructive_hint=False),
+    "release": ToolAnnotations(read_only_hint=False, destructive_hint=False),
+    "create_for": ToolAnnotations(read_only_hint=False, destructive_hint=False),
+}
+
+
+def build_server(agent: AgentSource) -> MCPServer:
+    """An MCP server with the queue's tools, each acting as the agent `agent` returns."""
+    server: MCPServer = MCPServer(
+        "switchboard-todos", version=__version__, instructions=INSTRUCTIONS
+    )
+    tools = Tools(agent)
+    for name, hints in TOOLS.items():
+        server.add_tool(getattr(tools, name), name=name, annotations=hints)
+    return server

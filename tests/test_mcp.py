@@ -1,0 +1,369 @@
+"""The MCP tools through the official MCP client, against real server processes.
+
+Every scenario runs twice: over streamable HTTP against the example project's ASGI application
+served by uvicorn (with the agent's bearer token), and over stdio against `manage.py todo_mcp`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import pytest
+from django.db import connections
+from django.db.models.functions import Now
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from example_project.database import free_port
+from example_project.mcp_agent import connect
+from switchboard_todos.agents import errors
+from switchboard_todos.agents.accounts import create_agent, revoke
+from switchboard_todos.models import Agent, State, Todo
+from tests.conftest import ROOT, database_url
+from tests.test_worker import wait_until
+
+T = TypeVar("T")
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AGENT = "mcp-agent"
+
+
+def environment() -> dict[str, str]:
+    """A server process's environment: the test settings, on the test database."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": database_url(),
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def status_of(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """POST an empty JSON-RPC body to `url`: the status and the response headers."""
+    request = urllib.request.Request(url, data=b"{}", headers=headers or {}, method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Accept", "application/json, text/event-stream")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=10) as response:
+            return response.status, response.headers
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers
+
+
+def answering(url: str) -> bool:
+    try:
+        status_of(url)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def mcp_url(django_db_setup: None) -> Iterator[str]:
+    """uvicorn serving the example project's ASGI application; the URL of its /mcp."""
+    port = free_port()
+    command = [sys.executable, "-m", "uvicorn", "example_project.asgi:application"]
+    server = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        wait_until(lambda: server.poll() is not None or answering(url), "uvicorn to answer", 60)
+        assert server.poll() is None, server.communicate()[0]
+        yield url
+    finally:
+        server.send_signal(signal.SIGTERM)
+        output = server.communicate(timeout=30)[0]
+    # uvicorn shuts down gracefully, then dies of the signal it got, as a good process does.
+    assert server.returncode == -signal.SIGTERM and "Traceback" not in output, output
+
+
+@pytest.fixture
+def agent() -> tuple[Agent, str]:
+    """An agent that claims from `mcp`, and creates in `mcp` and `handoff`; and its token."""
+    return create_agent(AGENT, claim_queues=["mcp"], create_queues=["mcp", "handoff"])
+
+
+Opener = Callable[[], AbstractAsyncContextManager[ClientSession]]
+
+
+@pytest.fixture
+def http_session(mcp_url: str, agent: tuple[Agent, str]) -> Opener:
+    """Opens an initialized MCP session over streamable HTTP, with the agent's token."""
+    return lambda: connect(mcp_url, agent[1])
+
+
+@pytest.fixture(params=["http", "stdio"])
+def open_session(request: pytest.FixtureRequest, agent: tuple[Agent, str]) -> Opener:
+    """Opens an initialized MCP session acting as the agent, over one transport or the other."""
+    if request.param == "http":
+        opener: Opener = request.getfixturevalue("http_session")
+        return opener
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["manage.py", "todo_mcp", "--agent", agent[0].name],
+        env=environment(),
+        cwd=ROOT,
+    )
+
+    @asynccontextmanager
+    async def stdio() -> AsyncIterator[ClientSession]:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+
+    return stdio
+
+
+def run(open_session: Opener, scenario: Callable[[ClientSession], Awaitable[T]]) -> T:
+    """Run `scenario` in one MCP session (database checks come after, outside the loop)."""
+
+    async def main() -> T:
+        async with open_session() as session:
+            return await scenario(session)
+
+    return asyncio.run(main())
+
+
+async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool's structured result; the test fails if the tool answered an error."""
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return dict(result.structured_content)
+
+
+async def refused(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    """The problem details of a tool error (isError); the test fails if the tool succeeded."""
+    result = await session.call_tool(tool, arguments)
+    assert result.is_error, result.structured_content
+    assert result.structured_content is not None
+    return dict(result.structured_content)
+
+
+def on_own_connection(function: Callable[..., Any], *args: Any) -> None:
+    """Run `function` (on a thread that is not the event loop's) and close its connection."""
+    try:
+        function(*args)
+    finally:
+        connections.close_all()
+
+
+def moment(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def test_claim_heartbeat_complete(open_session: Opener) -> None:
+    todo, _ = Todo.objects.create_todo(queue="mcp", kind="t.summarise", title="Summarise")
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        claimed = await call(session, "claim", queues=["mcp"], ttl=30)
+        [held] = claimed["todos"]
+        beat = await call(session, "heartbeat", todo_id=held["id"], ttl=600)
+        done = await call(session, "complete", todo_id=held["id"], result={"words": 3})
+        return [held, beat, done]
+
+    held, beat, done = run(open_session, scenario)
+    assert held["id"] == todo.id and held["state"] == State.CLAIMED
+    assert held["owner"] == AGENT and held["attempt"] == 1
+    assert moment(beat["lease_expires_at"]) > moment(held["lease_expires_at"])
+    assert done["state"] == State.DONE and done["result"] == {"words": 3}
+    row = Todo.objects.get(pk=todo.id)
+    assert (row.state, row.owner, row.attempt, row.result) == (
+        State.DONE,
+        AGENT,
+        1,
+        {"words": 3},
+    )
+
+
+def test_fail_is_retried_later(open_session: Opener) -> None:
+    todo, _ = Todo.objects.create_todo(queue="mcp", kind="t.flaky")
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        await call(session, "claim", ttl=30)
+        failed = await call(session, "fail", todo_id=todo.id, error="boom", retry_in=1)
+        # Not claimable before its retry time; the long poll picks it up when it is due.
+        again = await call(session, "claim", ttl=30, wait=15)
+        return [failed, *again["todos"]]
+
+    failed, again = run(open_session, scenario)
+    assert failed["state"] == State.PENDING and failed["owner"] is None
+    assert moment(failed["next_retry_at"]) > moment(failed["updated_at"])
+    assert "boom" in json.dumps(failed["last_error"])
+    assert again["id"] == todo.id and again["attempt"] == 2
+
+
+def test_release_gives_the_todo_back_without_an_attempt(open_session: Opener) -> None:
+    todo, _ = Todo.objects.create_todo(queue="mcp", kind="t.any")
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        await call(session, "claim", todo_id=todo.id, ttl=30)
+        released = await call(session, "release", todo_id=todo.id)
+        listed = await call(session, "list_todos")
+        again = await call(session, "claim", todo_id=todo.id, ttl=30)
+        return [released, listed, *again["todos"]]
+
+    released, listed, again = run(open_session, scenario)
+    assert released["state"] == State.PENDING and released["owner"] is None
+    assert [each["id"] for each in listed["todos"]] == [todo.id]
+    assert listed["next_cursor"] is None
+    assert again["attempt"] == 1  # release refunds the attempt
+
+
+def test_create_for_with_a_duplicate_idempotency_key(open_session: Opener) -> None:
+    arguments = {"queue": "handoff", "kind": "review", "title": "Review", "payload": {"n": 1}}
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        first = await call(session, "create_for", idempotency_key="handoff-1", **arguments)
+        again = await call(session, "create_for", idempotency_key="handoff-1", **arguments)
+        return [first, again]
+
+    first, again = run(open_session, scenario)
+    assert first["created"] is True and again["created"] is False
+    assert again["todo"]["id"] == first["todo"]["id"]
+    row = Todo.objects.get(queue="handoff")
+    assert (row.kind, row.payload, row.source) == ("review", {"n": 1}, f"agent:{AGENT}")
+
+
+def test_errors_are_tool_errors_and_the_session_goes_on(open_session: Opener) -> None:
+    elsewhere, _ = Todo.objects.create_todo(queue="secret", kind="t.hidden")
+    Todo.objects.create_todo(queue="mcp", kind="t.any")
+    Todo.objects.claim_next("mcp", "someone-else", 60)
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        return [
+            await refused(session, "complete", todo_id=elsewhere.id),
+            await refused(session, "claim", queues=["secret"], ttl=30),
+            await refused(session, "claim", ttl=-1),
+            await refused(session, "claim", ttl=30, wait=21),
+            await call(session, "list_todos", state="claimed"),
+        ]
+
+    hidden, not_granted, bad_ttl, long_wait, listed = run(open_session, scenario)
+    # Another queue's todo answers as an unknown id does, with the HTTP API's problem details.
+    assert hidden == errors.problem(errors.TODO_NOT_FOUND, f"Todo {elsewhere.id!r} does not exist.")
+    assert not_granted["status"] == 403 and not_granted["type"] == errors.QUEUE_NOT_GRANTED.type
+    assert bad_ttl["status"] == 422 and "ttl" in bad_ttl["detail"]
+    assert long_wait["status"] == 422 and "wait" in long_wait["detail"]
+    assert listed == {"todos": [], "next_cursor": None}
+    assert Todo.objects.filter(owner=AGENT).count() == 0
+
+
+def test_a_lost_lease_is_refused(http_session: Opener) -> None:
+    """Lapsed and requeued, then claimed by another agent: a conflict each time, which says so."""
+    todo, _ = Todo.objects.create_todo(queue="mcp", kind="t.any")
+
+    def lapse() -> None:
+        Todo.objects.filter(pk=todo.id).update(lease_expires_at=Now() - timedelta(seconds=1))
+        assert Todo.objects.reap_expired().requeued == 1
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        await call(session, "claim", ttl=30)
+        await asyncio.to_thread(on_own_connection, lapse)
+        requeued = await refused(session, "complete", todo_id=todo.id, result=1)
+        await asyncio.to_thread(on_own_connection, Todo.objects.claim_next, "mcp", "other", 60)
+        taken = await refused(session, "heartbeat", todo_id=todo.id, ttl=30)
+        return [requeued, taken]
+
+    requeued, taken = run(http_session, scenario)
+    assert requeued["status"] == 409 and requeued["type"] == errors.TODO_CONFLICT.type
+    assert taken["status"] == 409 and "'other'" in taken["detail"], taken
+    row = Todo.objects.get(pk=todo.id)
+    assert (row.state, row.owner, row.attempt) == (State.CLAIMED, "other", 2)
+
+
+def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
+    async def scenario(session: ClientSession) -> Any:
+        return (await session.list_tools()).tools
+
+    tools = {tool.name: tool for tool in run(http_session, scenario)}
+    assert set(tools) == {
+        "list_todos",
+        "claim",
+        "heartbeat",
+        "complete",
+        "fail",
+        "release",
+        "create_for",
+    }
+    assert "do not complete" in (tools["heartbeat"].description or "")
+    assert tools["claim"].output_schema is not None
+    assert tools["list_todos"].annotations and tools["list_todos"].annotations.read_only_hint
+
+
+# Streamable HTTP only
+
+
+def test_http_needs_an_active_agents_token(mcp_url: str, agent: tuple[Agent, str]) -> None:
+    status, headers = status_of(mcp_url)
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer ")
+    assert status_of(mcp_url, {"Authorization": "Bearer sbt_unknown"})[0] == 401
+    bearer = {"Authorization": f"Bearer {agent[1]}"}
+    assert status_of(mcp_url, bearer)[0] not in (401, 421)
+    revoke(agent[0])
+    assert status_of(mcp_url, bearer)[0] == 401
+
+
+def test_http_answers_only_allowed_hosts(mcp_url: str, agent: tuple[Agent, str]) -> None:
+    """A DNS-rebinding guard: the Host header must be one of Django's ALLOWED_HOSTS."""
+    bearer = {"Authorization": f"Bearer {agent[1]}"}
+    assert status_of(mcp_url, {**bearer, "Host": "evil.example"})[0] == 421
+    assert status_of(mcp_url, {**bearer, "Host": "localhost:1"})[0] not in (401, 421)
+
+
+def test_the_asgi_application_serves_django_beside_mcp(mcp_url: str) -> None:
+    admin = mcp_url.removesuffix("/mcp") + "/admin/login/"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(admin, timeout=10) as response:
+        assert response.status == 200
+
+
+# stdio only
+
+
+def test_stdio_refuses_an_unknown_agent() -> None:
+    command = [sys.executable, "manage.py", "todo_mcp", "--agent", "ghost"]
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "No agent is named 'ghost'." in done.stderr and done.stdout == ""
+
+
+def test_stdio_refuses_an_agent_revoked_meanwhile(agent: tuple[Agent, str]) -> None:
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["manage.py", "todo_mcp", "--agent", AGENT],
+        env=environment(),
+        cwd=ROOT,
+    )
+
+    async def scenario() -> dict[str, Any]:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await call(session, "list_todos")
+            await asyncio.to_thread(on_own_connection, revoke, agent[0])
+            return await refused(session, "list_todos")
+
+    problem = asyncio.run(scenario())
+    assert problem["status"] == 401 and problem["detail"] == f"Agent {AGENT!r} was revoked."
