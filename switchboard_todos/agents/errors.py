@@ -60,6 +60,9 @@ INVALID_INPUT = ErrorKind(
 BODY_TOO_LARGE = ErrorKind(
     413, "body-too-large", "Request body too large", "Send less; nothing changed."
 )
+#: Faults of the server, not of the agent (HTTP only; logged, never with a traceback).
+UNAVAILABLE = ErrorKind(503, "unavailable", "Service unavailable", "Retry after a pause.")
+SERVER_ERROR = ErrorKind(500, "server-error", "Internal error", "Retry after a pause.")
 
 #: Exception class -> kind; a subclass takes its nearest listed base's kind.
 TABLE: dict[type[TodoError], ErrorKind] = {

@@ -1,0 +1,157 @@
+"""Everything that goes wrong, as an RFC 9457 problem: from the one error table, never a 500.
+
+The body parser turns what an agent can send wrong (not JSON, too large, nested too deep, text
+that is not text) into typed errors before any view runs; the handlers turn every exception
+into application/problem+json with the status of agents/errors.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
+
+from switchboard_todos.agents import errors
+from switchboard_todos.agents.errors import ErrorKind
+from switchboard_todos.exceptions import InvalidTodo, NotAuthenticated, TodoError
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = "application/problem+json"
+#: How deep a request body may nest arrays and objects.
+MAX_DEPTH = 100
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class JSONBody(Parser):
+    """Parse a request body as JSON, refusing what PostgreSQL or the core could not take.
+
+    Larger than DATA_UPLOAD_MAX_MEMORY_SIZE is a 413 (Django raises RequestDataTooBig); not
+    JSON, deeper than MAX_DEPTH or with an unpaired surrogate (`"\\ud800"`: valid JSON, but
+    not text any database can store) is a 422.
+    """
+
+    def parse_body(self, request: HttpRequest) -> dict[str, Any]:
+        body = request.body
+        try:
+            data = json.loads(body)
+        except RecursionError:
+            raise InvalidTodo(f"The body nests deeper than {MAX_DEPTH} levels.") from None
+        except ValueError as error:
+            raise InvalidTodo(f"The body is not JSON: {error}.") from None
+        # Both checks walk the whole body: only when its text says they may find something.
+        if body.count(b"[") + body.count(b"{") > MAX_DEPTH or _ESCAPED_SURROGATE.search(body):
+            _check_text_and_depth(data)
+        if not isinstance(data, dict):
+            raise InvalidTodo(f"The body must be a JSON object, not {type(data).__name__}.")
+        return data
+
+
+def _check_text_and_depth(data: Any) -> None:
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidTodo(f"The body nests deeper than {MAX_DEPTH} levels.")
+        if isinstance(value, dict):
+            stack.extend((key, depth) for key in value)
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            raise InvalidTodo(
+                "The body holds an unpaired surrogate escape (\\ud800 to \\udfff), which is not "
+                "text; escape the characters of the real text instead."
+            )
+
+
+def problem_response(
+    kind: ErrorKind, detail: str, *, invalid_token: bool = False, **extensions: Any
+) -> HttpResponse:
+    """The problem details response of `kind`; `extensions` are more members of the body."""
+    body = {**errors.problem(kind, detail), **extensions}
+    response = HttpResponse(json.dumps(body), status=kind.status, content_type=CONTENT_TYPE)
+    if kind.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="switchboard-todos"' + (
+            ', error="invalid_token"' if invalid_token else ""
+        )
+    return response
+
+
+def install(api: NinjaAPI) -> None:
+    """Make every error `api` can meet a problem response."""
+    handlers: list[tuple[type[Exception], Callable[[HttpRequest, Any], HttpResponse]]] = [
+        (TodoError, _todo_error),
+        (ValidationError, _validation_error),
+        (HttpError, _http_error),
+        (RequestDataTooBig, _too_large),
+        (Exception, _server_error),
+    ]
+    for exception, handler in handlers:
+        api.add_exception_handler(exception, handler)
+
+
+def _todo_error(request: HttpRequest, error: TodoError) -> HttpResponse:
+    kind = errors.kind_of(error)
+    # RFC 6750: a token that was sent but refused is an invalid_token.
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    sent = scheme.lower() == "bearer" and bool(token.strip())
+    return problem_response(
+        kind, str(error), invalid_token=isinstance(error, NotAuthenticated) and sent
+    )
+
+
+def _validation_error(request: HttpRequest, error: ValidationError) -> HttpResponse:
+    """pydantic's findings, each as `field: message` in the detail and in the list `errors`.
+
+    ninja locates a finding as (source, parameter, field…): the body's fields are named
+    without the first two, the query's and the path's without the first.
+    """
+    found = []
+    for item in error.errors:
+        loc = [str(part) for part in item.get("loc", ())]
+        field = ".".join(loc[2:] if loc[:1] == ["body"] else loc[1:]) or "body"
+        found.append({"field": field, "message": str(item.get("msg", ""))})
+    detail = "; ".join(f"{item['field']}: {item['message']}" for item in found)
+    return problem_response(errors.INVALID_INPUT, detail, errors=found)
+
+
+def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
+    cause = error.__cause__
+    if isinstance(error, AuthenticationError):
+        # No Authorization header, or not a Bearer one: the service never saw a token.
+        return problem_response(
+            errors.NOT_AUTHENTICATED, "No token: send the header Authorization: Bearer <token>."
+        )
+    if isinstance(cause, TodoError):
+        return _todo_error(request, cause)
+    return problem_response(
+        ErrorKind(error.status_code, "http-error", "HTTP error", ""), str(error.message)
+    )
+
+
+def _too_large(request: HttpRequest, error: RequestDataTooBig) -> HttpResponse:
+    return problem_response(errors.BODY_TOO_LARGE, "The request body is too large.")
+
+
+def _server_error(request: HttpRequest, error: Exception) -> HttpResponse:
+    """Our fault, not the agent's: logged with its traceback, answered without it."""
+    if isinstance(error, OperationalError | InterfaceError):
+        logger.warning("Database unavailable for %s %s: %s", request.method, request.path, error)
+        response = problem_response(errors.UNAVAILABLE, "The database is unavailable; retry.")
+        response["Retry-After"] = "5"
+        return response
+    logger.error("Error in %s %s", request.method, request.path, exc_info=error)
+    kind = errors.SERVER_ERROR
+    detail = "A database error." if isinstance(error, DatabaseError) else "An internal error."
+    return problem_response(kind, f"{detail} It was logged.")

@@ -1,0 +1,162 @@
+"""The routes: each authenticates, calls one function of agents/service.py, answers JSON.
+
+Views are async: under ASGI a long-polling claim waits on the LISTEN path without holding a
+thread. Under WSGI Django runs them too, each in an event loop of its own thread, so there a
+claim with `wait` occupies a worker thread for its wait (docs/agents.md).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from django.http import HttpRequest, HttpResponse
+from ninja import NinjaAPI, Query
+from ninja.operation import Operation
+from ninja.security import HttpBearer
+
+from switchboard_todos.agents import service
+from switchboard_todos.agents.serialize import todo_json
+from switchboard_todos.api import problems
+from switchboard_todos.api.schemas import (
+    Claimed,
+    ClaimIn,
+    ClaimOneIn,
+    CompleteIn,
+    CreateIn,
+    FailIn,
+    HeartbeatIn,
+    Problem,
+    ReleaseIn,
+    TodoList,
+    TodoOut,
+)
+from switchboard_todos.models import Agent, Todo
+
+
+class BearerToken(HttpBearer):
+    """`Authorization: Bearer sbt_…`: the agent is the token's, never something in the body."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> Agent:
+        return service.authenticate(token)
+
+
+class AgentsAPI(NinjaAPI):
+    def get_openapi_operation_id(self, operation: Operation) -> str:
+        """Name each operation after its verb (claim, complete…), as the MCP tools are."""
+        return operation.view_func.__name__
+
+
+api = AgentsAPI(
+    title="switchboard-todos agents",
+    version="1",
+    description="The queue's verbs for remote agents. See docs/agents.md.",
+    auth=BearerToken(),
+    parser=problems.JSONBody(),
+    urls_namespace="switchboard_todos_api",
+    openapi_url="/openapi.json",
+    docs_url=None,
+)
+problems.install(api)
+
+#: What every route may answer besides its success.
+PROBLEMS: dict[int, Any] = {401: Problem, 403: Problem, 404: Problem, 409: Problem, 422: Problem}
+ONE = {200: TodoOut, **PROBLEMS}
+
+
+def agent_of(request: HttpRequest) -> Agent:
+    agent: Agent = request.auth  # type: ignore[attr-defined]
+    return agent
+
+
+def json_response(body: Any, status: int = 200) -> HttpResponse:
+    """The body as JSON, already in its documented shape (the schema only documents it)."""
+    return HttpResponse(json.dumps(body), status=status, content_type="application/json")
+
+
+def todo_response(todo: Todo, status: int = 200) -> HttpResponse:
+    return json_response(todo_json(todo), status)
+
+
+@api.get("/todos/", response={200: TodoList, **PROBLEMS}, url_name="todos")
+async def list_todos(
+    request: HttpRequest,
+    queue: Query[list[str] | None] = None,
+    state: Literal["pending", "claimed"] = "pending",
+    limit: int = service.DEFAULT_PAGE,
+    cursor: str | None = None,
+) -> HttpResponse:
+    """The pending todos you may claim (oldest first), or with `state=claimed` those you hold."""
+    page = await service.alist_todos(
+        agent_of(request), queues=queue, state=state, limit=limit, cursor=cursor
+    )
+    todos = [todo_json(todo) for todo in page.todos]
+    return json_response({"todos": todos, "next_cursor": page.next_cursor})
+
+
+@api.post("/todos/", response={201: TodoOut, 200: TodoOut, 413: Problem, **PROBLEMS})
+async def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
+    """Create a todo in one of your create queues: 201 and its Location when new, 200 with the
+    live todo when its idempotency key found one."""
+    todo, created = await service.acreate_for(agent_of(request), **body.model_dump())
+    if not created:
+        return todo_response(todo)
+    response = todo_response(todo, 201)
+    response["Location"] = f"{request.path}{todo.id}/"
+    return response
+
+
+@api.get("/todos/{todo_id}/", response=ONE, url_name="todo")
+async def get_todo(request: HttpRequest, todo_id: str) -> HttpResponse:
+    """One todo you may see: of your claim queues, or held by you."""
+    return todo_response(await service.aget_todo(agent_of(request), todo_id))
+
+
+@api.post("/claim/", response={200: Claimed, 413: Problem, **PROBLEMS})
+async def claim(request: HttpRequest, body: ClaimIn) -> HttpResponse:
+    """Claim up to `limit` todos; with `wait`, long-poll until one is claimable."""
+    todos = await service.aclaim(
+        agent_of(request), queues=body.queues, ttl=body.ttl, wait=body.wait, limit=body.limit
+    )
+    return json_response({"todos": [todo_json(todo) for todo in todos]})
+
+
+@api.post("/todos/{todo_id}/claim/", response=ONE)
+async def claim_todo(request: HttpRequest, todo_id: str, body: ClaimOneIn) -> HttpResponse:
+    """Claim this todo."""
+    todos = await service.aclaim(agent_of(request), todo_id=todo_id, ttl=body.ttl)
+    return todo_response(todos[0])
+
+
+@api.post("/todos/{todo_id}/heartbeat/", response=ONE)
+async def heartbeat(request: HttpRequest, todo_id: str, body: HeartbeatIn) -> HttpResponse:
+    """Extend your lease to `ttl` seconds from now. 409: the lease is lost; stop working."""
+    return todo_response(await service.aheartbeat(agent_of(request), todo_id, body.ttl))
+
+
+@api.post("/todos/{todo_id}/complete/", response=ONE)
+async def complete(
+    request: HttpRequest, todo_id: str, body: CompleteIn | None = None
+) -> HttpResponse:
+    """Mark the todo you hold done, with its `result`."""
+    return todo_response(
+        await service.acomplete(agent_of(request), todo_id, (body or CompleteIn()).result)
+    )
+
+
+@api.post("/todos/{todo_id}/fail/", response=ONE)
+async def fail(request: HttpRequest, todo_id: str, body: FailIn | None = None) -> HttpResponse:
+    """Report a failed attempt: retried after a backoff, dead-lettered at the cap."""
+    body = body or FailIn()
+    todo = await service.afail(agent_of(request), todo_id, body.error, body.retry_in)
+    return todo_response(todo)
+
+
+@api.post("/todos/{todo_id}/release/", response=ONE)
+async def release(
+    request: HttpRequest, todo_id: str, body: ReleaseIn | None = None
+) -> HttpResponse:
+    """Give the todo back without using up an attempt."""
+    return todo_response(
+        await service.arelease(agent_of(request), todo_id, (body or ReleaseIn()).delay)
+    )

@@ -1,0 +1,374 @@
+"""The agents' HTTP API through Django's request stack: the verbs, the auth matrix, bad input.
+
+Every refusal answers its documented status with an RFC 9457 problem and writes no todo.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from switchboard_todos import listen
+from switchboard_todos.agents import accounts
+from switchboard_todos.models import State, Todo
+
+pytestmark = pytest.mark.django_db
+
+API = "/api"
+
+
+@pytest.fixture(autouse=True)
+def _stop_listeners() -> Iterator[None]:
+    yield
+    listen.stop_shared_listeners()
+
+
+class Agent:
+    """An HTTP client holding one agent's token."""
+
+    def __init__(self, client: Client, token: str | None) -> None:
+        self.client = client
+        self.headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+
+    def get(self, path: str, **query: Any) -> Any:
+        return self.client.get(f"{API}{path}", query, headers=self.headers)
+
+    def post(self, path: str, body: Any = None, *, raw: bytes | str | None = None) -> Any:
+        data = raw if raw is not None else ("" if body is None else json.dumps(body))
+        return self.client.post(
+            f"{API}{path}", data, content_type="application/json", headers=self.headers
+        )
+
+
+@pytest.fixture
+def tokens() -> dict[str, str]:
+    """a1 claims from work and more and creates in work and inbox; a2 claims from work."""
+    return {
+        "a1": accounts.create_agent(
+            "a1", claim_queues=["work", "more"], create_queues=["work", "inbox"]
+        )[1],
+        "a2": accounts.create_agent("a2", claim_queues=["work"])[1],
+    }
+
+
+@pytest.fixture
+def a1(client: Client, tokens: dict[str, str]) -> Agent:
+    return Agent(client, tokens["a1"])
+
+
+def todos_table() -> list[dict[str, Any]]:
+    return [dict(row) for row in Todo.objects.order_by("id").values()]
+
+
+def assert_problem(response: Any, status: int, detail: str = "") -> dict[str, Any]:
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status and body["type"].startswith("https://")
+    assert body["title"] and detail in body["detail"]
+    assert "Traceback" not in response.content.decode()
+    return body
+
+
+# The verbs
+
+
+def test_create_claim_heartbeat_complete(a1: Agent) -> None:
+    created = a1.post(
+        "/todos/", {"queue": "work", "kind": "k", "payload": {"n": 1}, "idempotency_key": "x"}
+    )
+    assert created.status_code == 201
+    todo = created.json()
+    assert created["Location"] == f"{API}/todos/{todo['id']}/"
+    assert (
+        todo["source"] == "agent:a1" and todo["state"] == "pending" and todo["payload"] == {"n": 1}
+    )
+    again = a1.post("/todos/", {"queue": "work", "kind": "k", "idempotency_key": "x"})
+    assert again.status_code == 200 and again.json()["id"] == todo["id"]
+    assert a1.get(created["Location"].removeprefix(API)).json() == todo
+
+    claimed = a1.post("/claim/", {"queues": ["work"], "ttl": 30})
+    assert claimed.status_code == 200
+    assert [t["id"] for t in claimed.json()["todos"]] == [todo["id"]]
+    assert claimed.json()["todos"][0]["owner"] == "a1"
+    beat = a1.post(f"/todos/{todo['id']}/heartbeat/", {"ttl": 60})
+    assert (
+        beat.status_code == 200
+        and beat.json()["lease_expires_at"] > claimed.json()["todos"][0]["lease_expires_at"]
+    )
+    done = a1.post(f"/todos/{todo['id']}/complete/", {"result": {"ok": True}})
+    assert done.json()["state"] == "done" and done.json()["result"] == {"ok": True}
+    assert Todo.objects.get(pk=todo["id"]).state == State.DONE
+
+
+def test_fail_release_and_claim_by_id(a1: Agent, make_todo: Callable[..., Todo]) -> None:
+    todo = make_todo(queue="work")
+    claimed = a1.post(f"/todos/{todo.id}/claim/", {"ttl": 30})
+    assert claimed.status_code == 200 and claimed.json()["attempt"] == 1
+    failed = a1.post(f"/todos/{todo.id}/fail/", {"error": "boom", "retry_in": 0})
+    assert failed.json()["state"] == "pending" and failed.json()["last_error"]["message"] == "boom"
+    assert a1.post(f"/todos/{todo.id}/claim/", {"ttl": 30}).json()["attempt"] == 2
+    released = a1.post(f"/todos/{todo.id}/release/", {"delay": 60})
+    assert released.json()["state"] == "pending" and released.json()["attempt"] == 1
+    assert released.json()["next_retry_at"] is not None
+
+
+def test_complete_without_a_body(a1: Agent, make_todo: Callable[..., Todo]) -> None:
+    todo = make_todo(queue="work", state=State.CLAIMED, owner="a1")
+    done = a1.post(f"/todos/{todo.id}/complete/")
+    assert done.status_code == 200 and done.json()["result"] is None
+
+
+def test_claim_batch_and_empty_claim(a1: Agent, make_todo: Callable[..., Todo]) -> None:
+    for _ in range(3):
+        make_todo(queue="more")
+    assert len(a1.post("/claim/", {"ttl": 30, "limit": 10}).json()["todos"]) == 3
+    assert a1.post("/claim/", {"ttl": 30, "wait": 0}).json() == {"todos": []}
+
+
+def test_list_todos_pages(a1: Agent, make_todo: Callable[..., Todo]) -> None:
+    made = [make_todo(queue="work").id for _ in range(5)]
+    make_todo(queue="elsewhere")
+    seen: list[str] = []
+    query: dict[str, Any] = {"limit": 2, "queue": ["work", "more"]}
+    while True:
+        page = a1.get("/todos/", **query).json()
+        seen += [todo["id"] for todo in page["todos"]]
+        if page["next_cursor"] is None:
+            break
+        query["cursor"] = page["next_cursor"]
+    assert sorted(seen) == sorted(made) and len(seen) == 5
+    assert a1.get("/todos/", state="claimed").json() == {"todos": [], "next_cursor": None}
+
+
+def test_one_http_call_is_two_statements(
+    a1: Agent, make_todo: Callable[..., Todo], django_assert_num_queries: Callable[..., Any]
+) -> None:
+    """The agent's lookup, then the transition."""
+    make_todo(queue="work")
+    with django_assert_num_queries(2):
+        todo = a1.post("/claim/", {"ttl": 30}).json()["todos"][0]
+    with django_assert_num_queries(2):
+        a1.post(f"/todos/{todo['id']}/complete/", {"result": 1})
+
+
+def test_openapi_schema_is_generated_and_public(client: Client) -> None:
+    schema = client.get(f"{API}/openapi.json").json()
+    assert schema["openapi"].startswith("3.1")
+    operations = {
+        operation["operationId"] for path in schema["paths"].values() for operation in path.values()
+    }
+    assert operations == {
+        "list_todos",
+        "create_for",
+        "get_todo",
+        "claim",
+        "claim_todo",
+        "heartbeat",
+        "complete",
+        "fail",
+        "release",
+    }
+    assert schema["components"]["securitySchemes"]["BearerToken"]["scheme"] == "bearer"
+
+
+# The auth matrix
+
+
+@pytest.mark.parametrize(
+    ("headers", "invalid_token"),
+    [
+        ({}, False),
+        ({"Authorization": "Basic YTpi"}, False),
+        ({"Authorization": "Bearer "}, False),
+        ({"Authorization": "Bearer sbt_wrong"}, True),
+        ({"Authorization": "Bearer sbt_" + "A" * 43}, True),
+    ],
+    ids=["none", "basic", "empty", "malformed", "unknown"],
+)
+def test_no_or_wrong_token_is_401(
+    client: Client, make_todo: Callable[..., Todo], headers: dict[str, str], invalid_token: bool
+) -> None:
+    make_todo(queue="work")
+    before = todos_table()
+    response = client.post(
+        f"{API}/claim/", json.dumps({"ttl": 30}), content_type="application/json", headers=headers
+    )
+    assert_problem(response, 401)
+    challenge = response["WWW-Authenticate"]
+    assert challenge.startswith("Bearer ")
+    assert ('error="invalid_token"' in challenge) is invalid_token
+    assert todos_table() == before
+
+
+def test_revoked_token_is_401(
+    client: Client, tokens: dict[str, str], make_todo: Callable[..., Todo]
+) -> None:
+    todo = make_todo(queue="work", state=State.CLAIMED, owner="a1")
+    accounts.revoke(accounts.create_agent("a3")[0])  # another agent's revocation is not a1's
+    from switchboard_todos.models import Agent as AgentModel
+
+    accounts.revoke(AgentModel.objects.get(name="a1"))
+    before = todos_table()
+    response = Agent(client, tokens["a1"]).post(f"/todos/{todo.id}/complete/", {})
+    assert_problem(response, 401, "revoked")
+    assert 'error="invalid_token"' in response["WWW-Authenticate"]
+    assert todos_table() == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("post", "/claim/", {"queues": ["elsewhere"], "ttl": 30}),
+        ("post", "/claim/", {"queues": ["work", "elsewhere"], "ttl": 30}),
+        ("get", "/todos/", {"queue": "elsewhere"}),
+        ("post", "/todos/", {"queue": "more", "kind": "k"}),  # a claim queue, not a create queue
+    ],
+)
+def test_queue_not_granted_is_403(
+    a1: Agent, make_todo: Callable[..., Todo], method: str, path: str, body: dict[str, Any]
+) -> None:
+    make_todo(queue="work")
+    make_todo(queue="elsewhere")
+    before = todos_table()
+    response = a1.post(path, body) if method == "post" else a1.get(path, **body)
+    assert_problem(response, 403, "elsewhere" if "elsewhere" in str(body) else "more")
+    assert todos_table() == before
+
+
+@pytest.mark.parametrize("verb", ["heartbeat", "complete", "fail", "release"])
+def test_another_agents_lease_is_409_with_the_core_message(
+    a1: Agent, make_todo: Callable[..., Todo], verb: str
+) -> None:
+    todo = make_todo(queue="work", state=State.CLAIMED, owner="a2")
+    before = todos_table()
+    body = {"ttl": 30} if verb == "heartbeat" else {}
+    response = a1.post(f"/todos/{todo.id}/{verb}/", body)
+    assert_problem(response, 409, f"Todo {todo.id} is claimed by 'a2', not by 'a1'.")
+    assert todos_table() == before
+
+
+def test_claiming_a_todo_another_agent_holds_is_409(
+    a1: Agent, make_todo: Callable[..., Todo]
+) -> None:
+    todo = make_todo(queue="work", state=State.CLAIMED, owner="a2")
+    before = todos_table()
+    assert_problem(a1.post(f"/todos/{todo.id}/claim/", {"ttl": 30}), 409, "claimed by 'a2'")
+    assert todos_table() == before
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix", "body"),
+    [
+        ("get", "", None),
+        ("post", "claim/", {"ttl": 30}),
+        ("post", "heartbeat/", {"ttl": 30}),
+        ("post", "complete/", {}),
+        ("post", "fail/", {}),
+        ("post", "release/", {}),
+    ],
+)
+@pytest.mark.parametrize("hidden", ["assigned", "other queue", "unknown"])
+def test_another_agents_assigned_todo_and_other_queues_are_404_like_unknown_ids(
+    a1: Agent, make_todo: Callable[..., Todo], method: str, suffix: str, body: Any, hidden: str
+) -> None:
+    if hidden == "assigned":
+        todo_id = make_todo(queue="work", assignee="a2").id
+    elif hidden == "other queue":
+        todo_id = make_todo(queue="elsewhere").id
+    else:
+        todo_id = "td_00000000-0000-0000-0000-000000000000"
+    before = todos_table()
+    path = f"/todos/{todo_id}/{suffix}"
+    response = a1.post(path, body) if method == "post" else a1.get(path)
+    problem = assert_problem(response, 404)
+    assert problem["detail"] == f"Todo {todo_id!r} does not exist."
+    assert todos_table() == before
+
+
+# Bad input
+
+
+HUGE = b'{"queue": "work", "kind": "k", "payload": {"x": "' + b"y" * 3_000_000 + b'"}}'
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "status", "detail"),
+    [
+        ("/claim/", "{not json", 422, "not JSON"),
+        ("/claim/", b"\xff\xfe\x00", 422, "not JSON"),
+        ("/claim/", "[1, 2]", 422, "JSON object"),
+        ("/claim/", "", 422, "body: Field required"),
+        ("/claim/", '{"ttl": "30"}', 422, "ttl"),
+        ("/claim/", '{"ttl": true}', 422, "ttl"),
+        ("/claim/", '{"ttl": 30, "limit": 2.5}', 422, "limit"),
+        ("/claim/", '{"ttl": 30, "queues": "work"}', 422, "queues"),
+        ("/claim/", '{"ttl": 30, "owner": "a2"}', 422, "owner"),
+        ("/claim/", '{"ttl": 0}', 422, "ttl must be more than zero"),
+        ("/claim/", '{"ttl": NaN}', 422, "ttl must be finite"),
+        ("/claim/", '{"ttl": 1e309}', 422, "ttl"),
+        ("/claim/", '{"ttl": 30, "wait": 21}', 422, "wait must be at most"),
+        ("/claim/", '{"ttl": 30, "limit": 11}', 422, "limit must be between 1 and 10"),
+        ("/claim/", '{"ttl": 30, "limit": 100000000000000000000000}', 422, "limit"),
+        ("/claim/", '{"ttl": 30, "queues": ["bad name"]}', 422, "not a valid queue name"),
+        ("/claim/", '{"ttl": 30, "queues": ["\\ud800"]}', 422, "surrogate"),
+        ("/todos/", '{"queue": "work", "title": "\\udfff"}', 422, "surrogate"),
+        ("/todos/", '{"queue": "work", "kind": "k", "payload": {"\\ud83d": 1}}', 422, "surrogate"),
+        ("/todos/", '{"queue": "work", "title": "nul \\u0000"}', 422, "NUL"),
+        ("/todos/", '{"queue": "work", "kind": "k", "payload": [1]}', 422, "payload"),
+        ("/todos/", '{"queue": "work", "kind": "k", "run_after": "soon"}', 422, "ISO 8601"),
+        ("/todos/", '{"queue": "work", "kind": "k", "max_attempts": 0}', 422, "max_attempts"),
+        (
+            "/todos/",
+            '{"queue": "work", "kind": "k", "payload": ' + "[" * 5000 + "]" * 5000 + "}",
+            422,
+            "deeper",
+        ),
+        (
+            "/todos/",
+            '{"queue": "work", "kind": "k", "payload": {"a": ' + "[" * 150 + "]" * 150 + "}}",
+            422,
+            "deeper",
+        ),
+        (
+            "/todos/",
+            '{"queue": "work", "kind": "k", "payload": {"x": "' + "y" * 1_100_000 + '"}}',
+            422,
+            "the limit is",
+        ),
+        ("/todos/", HUGE, 413, "too large"),
+    ],
+)
+def test_bad_input_is_refused_and_writes_nothing(
+    a1: Agent, make_todo: Callable[..., Todo], path: str, raw: str | bytes, status: int, detail: str
+) -> None:
+    make_todo(queue="work")
+    before = todos_table()
+    assert_problem(a1.post(path, raw=raw), status, detail)
+    assert todos_table() == before
+
+
+@pytest.mark.parametrize(
+    ("query", "detail"),
+    [
+        ({"limit": "abc"}, "limit"),
+        ({"limit": 101}, "limit must be between 1 and 100"),
+        ({"state": "done"}, "state"),
+        ({"cursor": "garbage"}, "cursor"),
+        ({"queue": "bad name"}, "not a valid queue name"),
+    ],
+)
+def test_bad_list_queries_are_422(a1: Agent, query: dict[str, Any], detail: str) -> None:
+    assert_problem(a1.get("/todos/", **query), 422, detail)
+
+
+def test_odd_ids_are_refused_without_a_server_error(a1: Agent) -> None:
+    before = todos_table()
+    assert_problem(a1.get("/todos/td%00x/"), 422, "NUL")
+    assert_problem(a1.get(f"/todos/{'x' * 200}/"), 422, "todo id")
+    assert_problem(a1.post("/todos/%ED%A0%80/complete/", {}), 404)
+    assert todos_table() == before
