@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import cast
 
+from django.conf import settings
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
@@ -22,6 +24,8 @@ from starlette.types import ASGIApp
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
 
 django = get_asgi_application()
+if settings.DEBUG:  # the admin's CSS and JavaScript, as runserver serves them
+    django = ASGIStaticFilesHandler(django)
 
 # Imported once Django is set up: it uses the models.
 from switchboard_todos.mcp.http import streamable_http  # noqa: E402

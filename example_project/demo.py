@@ -25,7 +25,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import DatabaseError, connection
 
-from example_project import tasks, webhooks
+from example_project import demo_agents, tasks, webhooks
 from example_project.processes import Child, Children, Console, database_in_words
 from switchboard_todos.compat import task_backends
 from switchboard_todos.models import State, Todo
@@ -117,6 +117,7 @@ class Demo:
         for source in SOURCES:
             self.secrets.setdefault(source, secrets.token_hex(16))
         self.run_id = secrets.token_hex(3)
+        self.token = ""
         self.seeded: list[Seeded] = []
         self._reported: dict[str, tuple[Any, ...]] = {}
         self._database_lost = False
@@ -133,6 +134,7 @@ class Demo:
             call_command("migrate", interactive=False, verbosity=0)
             self.say("migrations applied")
             credentials = create_admin_user()
+            self.token = demo_agents.agent_token()
             if interrupts.count:
                 return True
             children = Children(self.console, self.child_environment())
@@ -146,7 +148,9 @@ class Demo:
     def start_and_watch(
         self, children: Children, interrupts: Shutdown, credentials: tuple[str, str]
     ) -> bool:
-        web = children.start("web", "runserver", "--noreload", f"127.0.0.1:{self.port}")
+        web = children.start_module(
+            "web", "uvicorn", "example_project.asgi:application", "--port", str(self.port)
+        )
         for number in range(1, self.workers + 1):
             children.start(f"worker-{number}", "todo_worker")
         children.start("reaper", "reap_todos", "--loop", "--interval", REAP_INTERVAL)
@@ -154,6 +158,14 @@ class Demo:
             self.seed_todos()
         if not self.wait_until_answering(web, interrupts):
             return bool(interrupts.count)
+        children.start_module(
+            "agent",
+            "example_project.mcp_agent",
+            f"{self.base}/mcp",
+            "--queue",
+            demo_agents.QUEUE,
+            env={"SWITCHBOARD_TOKEN": self.token},
+        )
         if self.seed:
             self.deliver_webhooks()
         self.print_ready(*credentials)
@@ -173,7 +185,7 @@ class Demo:
     # Seeding
 
     def seed_todos(self) -> None:
-        """Enqueue a flaky todo, a doomed one and two django.tasks tasks, straight away."""
+        """Enqueue a flaky todo, a doomed one, two django.tasks tasks, and the agent's todos."""
         flaky, _ = Todo.objects.create_todo(
             kind="example.flaky", title="Fails twice on purpose, then succeeds"
         )
@@ -188,6 +200,8 @@ class Demo:
             Seeded("task count_words", words.id, is_task=True),
             Seeded("task succeed_on_retry", retried.id, is_task=True),
         ]
+        for todo in demo_agents.seed_agent_todos(self.run_id):
+            self.seeded.append(Seeded(f"{todo.queue} {todo.kind}", todo.id))
         for seeded in self.seeded:
             self.say(f"enqueued {seeded.label} {seeded.todo_id}")
 
@@ -287,8 +301,12 @@ class Demo:
             self.say("    repeats were answered 200 with the same todo id. The forged one, 401.")
             self.say("  * django.tasks: count_words returns its counts; succeed_on_retry fails")
             self.say("    once and succeeds on attempt 2. Their todos are in the admin too.")
-        self.say("The web server is Django's runserver: fine for this demo, never for production.")
-        self.say("Ctrl-C stops everything: the workers finish the todos in hand first.")
+            self.say(f"  * queue {demo_agents.QUEUE}: the agent (a script with an MCP client and a")
+            self.say(f"    token) claims and completes its todos: owner {demo_agents.AGENT}.")
+        self.say(f"Agent {demo_agents.AGENT}: token {self.token} (shown once; rotated each run)")
+        self.say(demo_agents.client_settings(self.base, self.token))
+        self.say("The web server is uvicorn serving example_project.asgi: the admin, the webhooks,")
+        self.say("/api/ and /mcp. Ctrl-C stops everything: the workers finish the todos in hand.")
         self.say()
 
     def watch(self, children: Children, interrupts: Shutdown) -> bool:

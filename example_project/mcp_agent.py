@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -104,8 +105,15 @@ async def main(url: str, token: str, queues: list[str]) -> None:
     """Drain until SIGTERM or SIGINT, which cancel whatever the agent is waiting for."""
     agent = asyncio.current_task()
     assert agent is not None
+
+    def stop() -> None:
+        # The answer to a call cancelled in flight arrives after the session closed, which the
+        # SDK's client logs as an error with its traceback: here it is not one.
+        logging.getLogger("mcp.client.streamable_http").setLevel(logging.CRITICAL)
+        agent.cancel()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(signum, agent.cancel)
+        asyncio.get_running_loop().add_signal_handler(signum, stop)
     try:
         await drain(url, token, queues)
     except asyncio.CancelledError:

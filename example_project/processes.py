@@ -75,15 +75,17 @@ class Console:
 
 
 class Child:
-    """One `manage.py` process, and the thread that prints its output as it comes."""
+    """One Python process (`manage.py` or a module), and the thread that prints its output."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], console: Console) -> None:
+    def __init__(
+        self, name: str, command: list[str], env: dict[str, str], console: Console
+    ) -> None:
         self.name = name
-        self.args = args
+        self.command = command
         #: The exit statuses that mean it ended as intended.
         self.expected: tuple[int, ...] = STOPPED
         self.process = subprocess.Popen(
-            [sys.executable, str(MANAGE), *args],
+            [sys.executable, *command],
             cwd=BASE_DIR,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -154,11 +156,22 @@ class Children:
         self.started: list[Child] = []
 
     def start(self, name: str, *args: str) -> Child:
-        child = Child(name, list(args), self.env, self.console)
+        """Start `manage.py *args`."""
+        return self._start(name, [str(MANAGE), *args], f"manage.py {' '.join(args)}")
+
+    def start_module(
+        self, name: str, module: str, *args: str, env: dict[str, str] | None = None
+    ) -> Child:
+        """Start `python -m module *args`, with `env` added to the children's environment."""
+        shown = f"python -m {' '.join((module, *args))}"
+        return self._start(name, ["-m", module, *args], shown, env)
+
+    def _start(
+        self, name: str, command: list[str], shown: str, env: dict[str, str] | None = None
+    ) -> Child:
+        child = Child(name, command, {**self.env, **(env or {})}, self.console)
         self.started.append(child)
-        self.console.say(
-            self.speaker, f"started {name} (pid {child.pid}): manage.py {' '.join(args)}"
-        )
+        self.console.say(self.speaker, f"started {name} (pid {child.pid}): {shown}")
         return child
 
     def ended(self) -> list[Child]:

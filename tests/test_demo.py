@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from example_project import tasks
+from example_project import demo_agents, tasks
 from example_project.database import (
     CHOICE_VARIABLE,
     embedded_root,
@@ -157,11 +157,25 @@ def test_demo_runs_everything_and_ctrl_c_stops_it(
     push = Event.objects.get(delivery_id__endswith="-push")  # sent three times, stored once
     assert push.todos.get().state == State.DONE
     assert Event.objects.count() == Todo.objects.filter(source="github").count() == 3
+    # The agent drained its queue over MCP, with the token the demo printed.
+    assert demo.said(f"Agent {demo_agents.AGENT}: token sbt_")
+    assert '"Authorization": "Bearer sbt_' in demo.output and '"todo_mcp"' in demo.output
+
+    def done_by_agent(line: str) -> bool:
+        return f"| {demo_agents.QUEUE} agent.count_words td_" in line and ": done on " in line
+
+    wait_until(
+        lambda: sum(map(done_by_agent, demo.lines)) == len(demo_agents.TEXTS),
+        "the agent's todos to be done",
+        60,
+    )
+    agent_todos = Todo.objects.filter(queue=demo_agents.QUEUE)
+    assert {(todo.state, todo.owner) for todo in agent_todos} == {(State.DONE, demo_agents.AGENT)}
 
     os.killpg(demo.process.pid, signal.SIGINT)  # Ctrl-C: the whole foreground process group
     assert demo.finish() == 0, demo.output
     assert demo.said("stopped: nothing is left running")
-    assert_all_gone(demo, {"web", "worker-1", "reaper"})
+    assert_all_gone(demo, {"web", "worker-1", "reaper", "agent"})
 
 
 @pytest.mark.django_db(transaction=True)
@@ -174,7 +188,7 @@ def test_sigterm_stops_the_demo_and_all_its_workers(
     demo.wait_for("ready: ")
     demo.process.send_signal(signal.SIGTERM)
     assert demo.finish() == 0, demo.output
-    assert_all_gone(demo, {"web", "worker-1", "worker-2", "reaper"})
+    assert_all_gone(demo, {"web", "worker-1", "worker-2", "reaper", "agent"})
     assert not Todo.objects.exists()
     assert demo.said("What to look at") is None
 
@@ -190,7 +204,7 @@ def test_children_of_a_killed_demo_stop_too(
     demo.process.kill()
     demo.finish()
     children = demo.children()
-    assert len(children) == 3
+    assert len(children) == 4
     assert wait_until(
         lambda: not any(running(pid) for pid in children.values()), "every child to stop"
     )
@@ -223,7 +237,7 @@ def test_demo_on_the_embedded_database(
 
         os.killpg(demo.process.pid, signal.SIGINT)
         assert demo.finish() == 0, demo.output
-        assert_all_gone(demo, {"web", "worker-1", "reaper"})
+        assert_all_gone(demo, {"web", "worker-1", "reaper", "agent"})
         assert wait_until(lambda: not running(server), "the embedded server to stop")
         assert not folder.exists()
     finally:
