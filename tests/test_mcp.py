@@ -10,14 +10,17 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import pytest
 from django.db import connections
@@ -367,3 +370,79 @@ def test_stdio_refuses_an_agent_revoked_meanwhile(agent: tuple[Agent, str]) -> N
 
     problem = asyncio.run(scenario())
     assert problem["status"] == 401 and problem["detail"] == f"Agent {AGENT!r} was revoked."
+
+
+class Cuttable:
+    """A TCP relay to PostgreSQL that the test cuts and restores: the database, gone for one
+    server process and back, while the rest of the test suite goes on."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = free_port()
+        self._listener: socket.socket | None = None
+        self._relayed: list[socket.socket] = []
+
+    def open(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        """Refuse new connections and break the relayed ones."""
+        assert self._listener is not None
+        self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone would not)
+        self._listener.close()
+        for relayed in self._relayed:
+            relayed.close()
+        self._relayed.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # cut
+                return
+            server = socket.create_connection(self.target)
+            self._relayed += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+
+def test_stdio_session_outlives_the_database(agent: tuple[Agent, str]) -> None:
+    """The database gone: a tool error that says retry (the HTTP API's 503); back: it works."""
+    settings = connections["default"].settings_dict
+    relay = Cuttable(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
+    relay.open()
+    url = urlsplit(database_url())
+    credentials, _, _ = url.netloc.rpartition("@")
+    through_relay = url._replace(netloc=f"{credentials}@127.0.0.1:{relay.port}".lstrip("@"))
+    env = {**environment(), "DATABASE_URL": through_relay.geturl()}
+    server = StdioServerParameters(
+        command=sys.executable, args=["manage.py", "todo_mcp", "--agent", AGENT], env=env, cwd=ROOT
+    )
+
+    async def scenario() -> list[Any]:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            before = await call(session, "list_todos")
+            relay.cut()
+            gone = await refused(session, "list_todos")
+            relay.open()
+            after = await call(session, "list_todos")
+            return [before, gone, after]
+
+    try:
+        before, gone, after = asyncio.run(scenario())
+    finally:
+        relay.cut()
+    assert before == after == {"todos": [], "next_cursor": None}
+    assert gone == errors.problem(errors.UNAVAILABLE, "The database is unavailable; retry.")

@@ -9,12 +9,13 @@ language model reads as the tool's description.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
@@ -25,6 +26,10 @@ from switchboard_todos.agents.serialize import TodoJSON, todo_json
 from switchboard_todos.exceptions import TodoError
 from switchboard_todos.models import Agent, Todo
 
+logger = logging.getLogger(__name__)
+
+#: What a tool answers when the database cannot be reached, as the HTTP API does (503).
+UNAVAILABLE = "The database is unavailable; retry."
 #: Finds the agent a tool call acts as: from the bearer token (HTTP) or by name (stdio).
 AgentSource = Callable[[], Awaitable[Agent]]
 
@@ -78,13 +83,13 @@ def _result(structured: dict[str, Any]) -> CallToolResult:
     )
 
 
-def _error(error: TodoError) -> CallToolResult:
+def _problem(kind: errors.ErrorKind, detail: str) -> CallToolResult:
     """A tool error: the HTTP API's problem details, and what to do about it, for the model."""
-    kind = errors.kind_of(error)
-    problem = errors.problem(kind, str(error))
-    text = f"{kind.title} ({kind.status}): {error} {kind.advice}"
+    text = f"{kind.title} ({kind.status}): {detail} {kind.advice}"
     return CallToolResult(
-        content=[TextContent(type="text", text=text)], structured_content=problem, is_error=True
+        content=[TextContent(type="text", text=text)],
+        structured_content=errors.problem(kind, detail),
+        is_error=True,
     )
 
 
@@ -99,7 +104,11 @@ class Tools:
             try:
                 return _result(await call(await self._agent()))
             except TodoError as error:
-                return _error(error)
+                return _problem(errors.kind_of(error), str(error))
+            except (OperationalError, InterfaceError) as error:
+                # The server's fault, not the agent's; any other error is the SDK's to log.
+                logger.warning("Database unavailable for an MCP tool call: %s", error)
+                return _problem(errors.UNAVAILABLE, UNAVAILABLE)
 
     async def list_todos(
         self,
