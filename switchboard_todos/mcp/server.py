@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.db import InterfaceError, OperationalError, close_old_connections
+from django.db import InterfaceError, OperationalError, connections
 from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
@@ -64,16 +64,15 @@ class Created(BaseModel):
 async def request_scope() -> AsyncIterator[None]:
     """Around each call, what Django's ASGI handler does around a request.
 
-    The ORM runs in a thread of this call's own (so agents do not queue behind one another),
-    and database connections too old or broken are closed before and after (CONN_MAX_AGE),
-    as the request_started and request_finished signals do.
+    The ORM runs in a thread of the call's own, as under Django's handler (so that agents do
+    not queue behind one thread), and that thread's database connections are closed (or given
+    back to the pool) when the call ends, since the thread ends with it.
     """
     async with ThreadSensitiveContext():
-        await sync_to_async(close_old_connections)()
         try:
             yield
         finally:
-            await sync_to_async(close_old_connections)()
+            await sync_to_async(connections.close_all)()
 
 
 def _result(structured: dict[str, Any]) -> CallToolResult:
