@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.db import connections
 from django.db.models.functions import Now
+from django.test import override_settings
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -32,6 +33,7 @@ from example_project.database import free_port
 from example_project.mcp_agent import connect
 from switchboard_todos.agents import errors
 from switchboard_todos.agents.accounts import create_agent, revoke
+from switchboard_todos.mcp.http import allowed_hosts
 from switchboard_todos.models import Agent, State, Todo
 from tests.conftest import ROOT, database_url
 from tests.test_worker import wait_until
@@ -332,6 +334,19 @@ def test_http_answers_only_allowed_hosts(mcp_url: str, agent: tuple[Agent, str])
     bearer = {"Authorization": f"Bearer {agent[1]}"}
     assert status_of(mcp_url, {**bearer, "Host": "evil.example"})[0] == 421
     assert status_of(mcp_url, {**bearer, "Host": "localhost:1"})[0] not in (401, 421)
+
+
+@pytest.mark.parametrize(
+    ("debug", "configured", "allowed"),
+    [
+        (False, ["api.example.com"], ["api.example.com"]),
+        (True, ["api.example.com"], ["api.example.com"]),
+        (True, [], [".localhost", "127.0.0.1", "[::1]"]),  # Django's own default under DEBUG
+    ],
+)
+def test_allowed_hosts_are_djangos(debug: bool, configured: list[str], allowed: list[str]) -> None:
+    with override_settings(DEBUG=debug, ALLOWED_HOSTS=configured):
+        assert allowed_hosts() == allowed
 
 
 def test_the_asgi_application_serves_django_beside_mcp(mcp_url: str) -> None:

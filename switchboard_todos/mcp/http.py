@@ -53,7 +53,7 @@ async def token_agent() -> Agent:
     """The agent of this request's bearer token, verified when the request came in."""
     token = get_access_token()
     if not isinstance(token, AgentToken):  # only requests that passed RequireAuthMiddleware
-        raise NotAuthenticated()
+        raise NotAuthenticated("No verified token came with this call.")
     return token.agent
 
 
@@ -96,7 +96,7 @@ def streamable_http(path: str = "/mcp") -> Endpoint:
     """The MCP tools at `path`, each call acting as the agent of the request's bearer token.
 
     Every request needs `Authorization: Bearer <agent token>` (401 with `WWW-Authenticate:
-    Bearer` otherwise); a session stays bound to the token that opened it.
+    Bearer` otherwise), checked at each; a session stays bound to the agent that opened it.
     """
     server = build_server(token_agent)
     # The Host check is AllowedHosts' (Django's semantics); the SDK's would accept only
