@@ -50,6 +50,10 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 
 DATABASES = {"default": env.db_url_config(ensure_database_url())}
+# Django's connection pool, for the ASGI server (docs/agents.md): without it each request opens
+# a connection of its own. DATABASE_POOL_SIZE=20 keeps up to 20; unset or 0, no pool.
+if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": pool_size}
 
 # Inbound webhooks (example_project/webhooks.py): WEBHOOK_SECRETS=github=s3cret,shop=0ther
 # gives each source its HMAC secret; a source without one answers 404.
