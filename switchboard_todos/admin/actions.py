@@ -287,8 +287,11 @@ class TodoActions(TodoModelAdmin):
         }
 
     def requeue_all_view(self, request: HttpRequest) -> HttpResponse:
-        """Requeue every dead letter matching the list's current filters, after a confirmation."""
-        if not self.has_requeue_permission(request):
+        """Requeue every dead letter matching the list's current filters, after a confirmation.
+
+        Only for who may see that list: requeue_todo alone would requeue todos unseen.
+        """
+        if not (self.has_view_permission(request) and self.has_requeue_permission(request)):
             raise PermissionDenied
         changelist = self.get_changelist_instance(request)
         dead = changelist.get_queryset(request).filter(state=State.FAILED)

@@ -14,6 +14,7 @@ from switchboard_todos.admin.base import (
     JSON_COLUMNS,
     EventModelAdmin,
     ReadOnly,
+    RefusesNul,
     TodoInlineAdmin,
 )
 from switchboard_todos.admin.display import pretty_json
@@ -40,7 +41,7 @@ class TodoInline(ReadOnly, TodoInlineAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnly, EventModelAdmin):
+class EventAdmin(ReadOnly, RefusesNul, EventModelAdmin):
     """Inbound deliveries, read-only, with the todos each one made."""
 
     list_display = ["id", "source", "kind", "delivery_id", "received_at"]

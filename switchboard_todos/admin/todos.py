@@ -24,7 +24,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from switchboard_todos.admin.actions import TodoActions
-from switchboard_todos.admin.base import JSON_COLUMNS, ReadOnly
+from switchboard_todos.admin.base import JSON_COLUMNS, ReadOnly, RefusesNul
 from switchboard_todos.admin.dates import AdminTodoQuerySet
 from switchboard_todos.admin.display import event_link, failure_table, pretty_json
 from switchboard_todos.admin.filters import AssigneeFilter, AttentionFilter, KindFilter, QueueFilter
@@ -46,7 +46,7 @@ class TodoChangeList(ChangeList):
 
 
 @admin.register(Todo)
-class TodoAdmin(ReadOnly, TodoActions, HealthPage):
+class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
     """Todos, read-only; requeue, expire-lease and dead-letter as gated actions."""
 
     list_display = [
