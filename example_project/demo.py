@@ -17,7 +17,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.admin.utils import quote
@@ -27,9 +28,13 @@ from django.db import DatabaseError, connection
 
 from devtools.processes import Child, Children, Console, database_in_words
 from example_project import tasks, webhooks
-from switchboard_todos.compat import task_backends
 from switchboard_todos.models import State, Todo
 from switchboard_todos.shutdown import Shutdown
+
+if TYPE_CHECKING or find_spec("django.tasks") is not None:
+    from django.tasks import task_backends
+else:  # Django 5.2: the backport
+    from django_tasks import task_backends
 
 ADMIN_USER = "demo"
 TODOS_PATH = "/admin/switchboard_todos/todo/"
