@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from example_project.processes import MANAGE
+from devtools.processes import MANAGE
 from switchboard_todos.agents.accounts import create_agent, rotate_token
 from switchboard_todos.models import Agent, Todo
 

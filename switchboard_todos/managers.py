@@ -292,6 +292,8 @@ class TodoManager(models.Manager["Todo"]):
         if claimed or not seconds:
             return claimed
         waiting = BlockingClaim(self._db_alias, params["queues"], seconds, listen=conf.LISTEN)
+        give_back = sync_to_async(self._give_back_pooled_connection, thread_sensitive=True)
+        await give_back()  # before the listener, which may need a connection from the pool
         await sync_to_async(waiting.start, thread_sensitive=False)()
         try:
             while True:
@@ -299,6 +301,7 @@ class TodoManager(models.Manager["Todo"]):
                 pause = waiting.pause()
                 if claimed or pause is None:
                     return claimed
+                await give_back()
                 await waiting.doorbell.await_ring(pause)
         finally:
             waiting.close()
@@ -314,6 +317,17 @@ class TodoManager(models.Manager["Todo"]):
         """Async twin of `claim_next`."""
         claimed = await self.aclaim_batch(queues, owner, ttl, limit=1, wait=wait)
         return claimed[0] if claimed else None
+
+    def _give_back_pooled_connection(self) -> None:
+        """Between the polls of an async blocking claim, return a pooled connection to the pool.
+
+        Under ASGI, each request holds its connection until it ends: without this, every
+        waiting long poll would hold one, and a few would exhaust the pool. Unpooled
+        connections are kept: reconnecting for each poll would cost more than holding them.
+        """
+        connection = connections[self._db_alias]
+        if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+            connection.close()
 
     def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
         return [todo for todo, _ in self._run("claim_next", params)]

@@ -6,7 +6,7 @@ from importlib.util import find_spec
 
 import environ
 
-from example_project.database import ensure_database_url
+from devtools.database import ensure_database_url
 
 env = environ.Env()
 
@@ -17,6 +17,9 @@ TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
 
 DATABASES = {"default": env.db_url_config(ensure_database_url())}
+# The live-server tests run uvicorn with a small pool, as docs/agents.md advises.
+if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": pool_size}
 
 WEBHOOK_SECRETS = {"github": "github-test-secret", "example": "example-test-secret"}
 WEBHOOK_MAX_BYTES = 64 * 1024

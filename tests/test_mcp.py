@@ -29,7 +29,7 @@ from django.test import override_settings
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from example_project.database import free_port
+from devtools.database import free_port
 from example_project.mcp_agent import connect
 from switchboard_todos.agents import errors
 from switchboard_todos.agents.accounts import create_agent, revoke
