@@ -85,7 +85,7 @@ def mcp_url(django_db_setup: None) -> Iterator[str]:
     server = subprocess.Popen(
         [*command, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
         cwd=ROOT,
-        env=environment(),
+        env={**environment(), "DATABASE_POOL_SIZE": "4"},  # as docs/agents.md advises
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
