@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",  # the Agent model's ArrayField (a system check on Django 6)
     "switchboard_todos",
     "example_project",
 ]

@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     # Serves the admin's CSS and JavaScript to the browser test (pytest-django's live_server).
     "django.contrib.staticfiles",
+    "django.contrib.postgres",  # the Agent model's ArrayField (a system check on Django 6)
     "switchboard_todos",
     "example_project",
 ]
