@@ -5,13 +5,16 @@ from __future__ import annotations
 import uuid
 
 from django.contrib.postgres.fields import ArrayField
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Cast
 from django.utils.translation import gettext_lazy as _
 
+from switchboard_todos import validation
 from switchboard_todos.events import EventManager
+from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.managers import TodoManager
 
 
@@ -233,6 +236,15 @@ agent_name_validator = RegexValidator(
 )
 
 
+def validate_queue_names(names: list[str]) -> None:
+    """Each of an agent's granted queues is a valid queue name (for the admin's form)."""
+    for name in names:
+        try:
+            validation.queue(name)
+        except InvalidTodo as error:
+            raise ValidationError(str(error)) from None
+
+
 class Agent(models.Model):
     """A remote agent (HTTP, MCP): its name is the owner of what it claims, its token its key.
 
@@ -242,10 +254,18 @@ class Agent(models.Model):
 
     name = models.TextField(validators=[agent_name_validator])
     claim_queues = ArrayField(
-        models.TextField(), default=list, blank=True, help_text=_("Queues it may claim from.")
+        models.TextField(),
+        default=list,
+        blank=True,
+        validators=[validate_queue_names],
+        help_text=_("Queues it may claim from, separated by commas."),
     )
     create_queues = ArrayField(
-        models.TextField(), default=list, blank=True, help_text=_("Queues it may create todos in.")
+        models.TextField(),
+        default=list,
+        blank=True,
+        validators=[validate_queue_names],
+        help_text=_("Queues it may create todos in, separated by commas."),
     )
     is_active = models.BooleanField(default=True, help_text=_("Unset to revoke its token."))
     token_prefix = models.TextField(editable=False)
