@@ -96,12 +96,8 @@ def test_the_name_and_the_token_cannot_be_edited(admin_client: Client) -> None:
     assert service.authenticate(token).pk == agent.pk
 
 
-def test_a_user_without_the_change_permission_cannot_rotate(
-    client: Client, django_user_model: type
-) -> None:
-    from django.contrib.auth.models import Permission
-
-    user = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+def test_a_user_without_the_change_permission_cannot_rotate(client: Client) -> None:
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_agent"))
     client.force_login(user)
     agent, token = accounts.create_agent("bot")
