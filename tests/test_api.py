@@ -372,3 +372,14 @@ def test_odd_ids_are_refused_without_a_server_error(a1: Agent) -> None:
     assert_problem(a1.get(f"/todos/{'x' * 200}/"), 422, "todo id")
     assert_problem(a1.post("/todos/%ED%A0%80/complete/", {}), 404)
     assert todos_table() == before
+
+
+@pytest.mark.parametrize(
+    ("path", "detail"),
+    [("/claim", "end with a slash"), ("/nowhere/", "No route POST /api/nowhere/")],
+)
+def test_unknown_routes_are_problems_even_without_the_trailing_slash(
+    settings: Any, a1: Agent, path: str, detail: str
+) -> None:
+    settings.DEBUG = True  # where APPEND_SLASH would raise for a POST without the slash
+    assert_problem(a1.post(path, {"ttl": 30}), 404, detail)

@@ -11,11 +11,12 @@ import json
 from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Query
 from ninja.operation import Operation
 from ninja.security import HttpBearer
 
-from switchboard_todos.agents import service
+from switchboard_todos.agents import errors, service
 from switchboard_todos.agents.serialize import todo_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
@@ -76,6 +77,16 @@ def json_response(body: Any, status: int = 200) -> HttpResponse:
 
 def todo_response(todo: Todo, status: int = 200) -> HttpResponse:
     return json_response(todo_json(todo), status)
+
+
+@csrf_exempt
+def unknown_route(request: HttpRequest, path: str) -> HttpResponse:
+    """Anything else under the API's prefix: a problem, not an HTML page (nor, for a POST that
+    lacks the trailing slash, Django's APPEND_SLASH error)."""
+    hint = " The API's paths end with a slash." if not path.endswith("/") else ""
+    return problems.problem_response(
+        errors.ROUTE_NOT_FOUND, f"No route {request.method} {request.path}.{hint}"
+    )
 
 
 @api.get("/todos/", response={200: TodoList, **PROBLEMS}, url_name="todos")
