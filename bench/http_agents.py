@@ -1,8 +1,8 @@
 """Scenario 7: remote agents over HTTP, beside the in-process path they stand in for.
 
-A uvicorn process serves the agents' API (the test settings' ASGI application, with a pool of
-database connections, as docs/agents.md advises). Each agent is a process with one keep-alive
-HTTP connection and a token of its own.
+uvicorn serves the agents' API (the test settings' ASGI application, one process per CPU, each
+with a pool of database connections, as docs/agents.md advises). Each agent is a process with
+one keep-alive HTTP connection and a token of its own.
 
 * Drain: 4 agents claim and complete one todo at a time over HTTP (two requests per todo,
   each authenticated), against 4 processes doing `claim_next` + `complete` in process.
@@ -14,16 +14,15 @@ HTTP connection and a token of its own.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench import drain_single
 from bench.harness import QUEUE, TTL, Bench, BenchError, Child, Row, Target, plural, reset
@@ -34,45 +33,64 @@ TARGET = Target(ratio=0.5)
 #: A todo enqueued during a long poll should be answered within this, in milliseconds.
 PICKUP_TARGET = Target(below=50.0)
 AGENTS = 4
-PORT = 8765
 #: How long one long poll waits before the agent asks again (and looks whether to stop).
 WAIT = 1
 
 
-def client(base: str, token: str) -> Any:
-    import httpx
+class Agent:
+    """One agent's keep-alive connection, through the standard library's client.
 
-    return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    Not httpx, as in the tests: its own cost per request (about a millisecond of CPU here)
+    would be measured against the server, on the same CPUs.
+    """
+
+    def __init__(self, base: str, token: str) -> None:
+        url = urlsplit(base)
+        self._path = url.path
+        self._connection = http.client.HTTPConnection(url.netloc, timeout=60)
+        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        payload = None if body is None else json.dumps(body)
+        self._connection.request(method, self._path + path, payload, self._headers)
+        response = self._connection.getresponse()
+        answer = response.read()
+        if response.status >= 400:
+            raise BenchError(f"{method} {path}: {response.status} {answer.decode()}")
+        return json.loads(answer)
+
+    def close(self) -> None:
+        self._connection.close()
 
 
 def http_drain(child: Child, *, owner: str, base: str, tokens: dict[str, str]) -> int:
     """Claim and complete one todo at a time over HTTP, until the queue is empty."""
     done = 0
-    with client(base, tokens[owner]) as agent:
-        agent.get("/todos/", params={"limit": 1}).raise_for_status()  # connected, authenticated
-        child.start()
-        while True:
-            claimed = agent.post("/claim/", json={"queues": [QUEUE], "ttl": TTL})
-            todos = claimed.raise_for_status().json()["todos"]
-            if not todos:
-                return done
-            agent.post(f"/todos/{todos[0]['id']}/complete/", json={}).raise_for_status()
-            done += 1
-            child.count()
+    agent = Agent(base, tokens[owner])
+    agent.call("GET", "/todos/?limit=1")  # connected and authenticated before the clock starts
+    child.start()
+    while True:
+        todos = agent.call("POST", "/claim/", {"queues": [QUEUE], "ttl": TTL})["todos"]
+        if not todos:
+            agent.close()
+            return done
+        agent.call("POST", f"/todos/{todos[0]['id']}/complete/", {})
+        done += 1
+        child.count()
 
 
 def http_pickup(child: Child, *, base: str, token: str) -> dict[str, float]:
     """Long-poll for each todo; when each claim answered."""
     picked: dict[str, float] = {}
-    with client(base, token) as agent:
-        agent.get("/todos/", params={"limit": 1}).raise_for_status()
-        child.start()
-        while not child.stop.is_set():
-            answer = agent.post("/claim/", json={"ttl": TTL, "wait": WAIT}).raise_for_status()
-            for todo in answer.json()["todos"]:
-                picked[todo["id"]] = time.monotonic()
-                agent.post(f"/todos/{todo['id']}/complete/", json={}).raise_for_status()
-                child.count()
+    agent = Agent(base, token)
+    agent.call("GET", "/todos/?limit=1")
+    child.start()
+    while not child.stop.is_set():
+        for todo in agent.call("POST", "/claim/", {"ttl": TTL, "wait": WAIT})["todos"]:
+            picked[todo["id"]] = time.monotonic()
+            agent.call("POST", f"/todos/{todo['id']}/complete/", {})
+            child.count()
+    agent.close()
     return picked
 
 
@@ -89,35 +107,6 @@ def in_process_pickup(child: Child) -> dict[str, float]:
             Todo.objects.complete(todo.id, "bench-pickup")
             child.count()
     return picked
-
-
-@contextmanager
-def server() -> Iterator[str]:
-    """uvicorn serving the API on the benchmark database; its base URL once it answers."""
-    import httpx
-
-    env = {**os.environ, "DATABASE_POOL_SIZE": str(2 * AGENTS)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--port", str(PORT),
-         "--no-access-log", "--log-level", "warning"],
-        env=env,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{PORT}/api"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/openapi.json").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise BenchError("uvicorn did not start")
-            time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def make_tokens(names: list[str]) -> dict[str, str]:
@@ -144,7 +133,11 @@ def run(bench: Bench) -> None:
     agents = min(AGENTS, bench.pool.size)
     backlog = bench.size(full=4000, smoke=60)
     tokens = make_tokens([f"bench-{index}" for index in range(agents)] + ["bench-pickup"])
-    with server() as base:
+    from tests.asgi import serve
+
+    # One server process per CPU, as one would deploy it.
+    env = {**os.environ, "DATABASE_POOL_SIZE": str(2 * AGENTS)}
+    with serve(env, workers=os.cpu_count() or 1) as (base, _):
         figures = bench.interleave(
             {
                 "http": partial(bench.drain, http_drain, agents, backlog, base=base, tokens=tokens),
