@@ -8,11 +8,13 @@ claim with `wait` occupies a worker thread for its wait (docs/agents.md).
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Query
+from ninja.openapi.schema import OpenAPISchema
 from ninja.operation import Operation
 from ninja.security import HttpBearer
 
@@ -47,6 +49,25 @@ class AgentsAPI(NinjaAPI):
         """Name each operation after its verb (claim, complete…), as the MCP tools are."""
         return operation.view_func.__name__
 
+    def get_openapi_schema(
+        self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
+    ) -> OpenAPISchema:
+        """The schema, built once per prefix; problems typed application/problem+json."""
+        key = (path_prefix, repr(sorted((path_params or {}).items())))
+        if key not in self._schemas:
+            schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+            for operation in (op for path in schema["paths"].values() for op in path.values()):
+                for status, response in operation["responses"].items():
+                    if int(status) >= 400:
+                        content = response["content"].pop("application/json")
+                        response["content"][problems.CONTENT_TYPE] = content
+            self._schemas[key] = schema
+        return self._schemas[key]
+
+    @cached_property
+    def _schemas(self) -> dict[tuple[str | None, str], OpenAPISchema]:
+        return {}
+
 
 api = AgentsAPI(
     title="switchboard-todos agents",
@@ -61,7 +82,7 @@ api = AgentsAPI(
 problems.install(api)
 
 #: What every route may answer besides its success.
-PROBLEMS: dict[int, Any] = {401: Problem, 403: Problem, 404: Problem, 409: Problem, 422: Problem}
+PROBLEMS: dict[int, Any] = dict.fromkeys((401, 403, 404, 409, 413, 422), Problem)
 ONE = {200: TodoOut, **PROBLEMS}
 
 
@@ -105,7 +126,7 @@ async def list_todos(
     return json_response({"todos": todos, "next_cursor": page.next_cursor})
 
 
-@api.post("/todos/", response={201: TodoOut, 200: TodoOut, 413: Problem, **PROBLEMS})
+@api.post("/todos/", response={201: TodoOut, 200: TodoOut, **PROBLEMS})
 async def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
     """Create a todo in one of your create queues: 201 and its Location when new, 200 with the
     live todo when its idempotency key found one."""
@@ -123,7 +144,7 @@ async def get_todo(request: HttpRequest, todo_id: str) -> HttpResponse:
     return todo_response(await service.aget_todo(agent_of(request), todo_id))
 
 
-@api.post("/claim/", response={200: Claimed, 413: Problem, **PROBLEMS})
+@api.post("/claim/", response={200: Claimed, **PROBLEMS})
 async def claim(request: HttpRequest, body: ClaimIn) -> HttpResponse:
     """Claim up to `limit` todos; with `wait`, long-poll until one is claimable."""
     todos = await service.aclaim(
