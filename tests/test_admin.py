@@ -19,8 +19,8 @@ from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos.admin import AdminTodoQuerySet, EstimatedCountPaginator, TodoAdmin
 from switchboard_todos.models import Event, State, Todo
+from tests.helpers import MakeTodo
 
-MakeTodo = Callable[..., Todo]
 CHANGELIST = "/admin/switchboard_todos/todo/"
 HEALTH = "/admin/switchboard_todos/todo/health/"
 REQUEUE_ALL = "/admin/switchboard_todos/todo/requeue-dead-letters/"
