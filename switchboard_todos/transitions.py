@@ -79,7 +79,8 @@ class Transition:
     from_states: frozenset[State]
     """The states the statement's guard accepts (none: it inserts)."""
     wrong_state: str = ""
-    """The TodoConflict message for a todo in another state (a template, as Obstacle's)."""
+    """The TodoConflict message for a todo in another state (a template, as Obstacle's); empty
+    for the transitions that report no miss (a claim that finds nothing returns nothing)."""
     obstacles: tuple[Obstacle, ...] = ()
     """The rest of the guard, in the order a miss is explained."""
     not_in_state: str = ""
@@ -219,7 +220,6 @@ TRANSITIONS: dict[str, Transition] = {
                 done="dead-lettered",
             ),
         ),
-        Transition("purge_batch", frozenset({State.DONE, State.FAILED})),
     )
 }
 
