@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Cast
 
+from switchboard_todos.events import EventManager
 from switchboard_todos.managers import TodoManager
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, PERMISSIONS, State
 
@@ -54,6 +55,8 @@ class Event(models.Model):
     payload = models.JSONField(default=dict, db_default=models.Value({}, models.JSONField()))
     delivery_id = models.TextField(null=True, blank=True)
     received_at = models.DateTimeField(db_default=_now())
+
+    objects = EventManager()
 
     class Meta:
         db_table = "events"

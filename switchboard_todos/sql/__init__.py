@@ -1,4 +1,4 @@
-"""The named SQL statements of `todos.sql`, composed once at import.
+"""The named SQL statements of `todos.sql` and `events.sql`, composed once at import.
 
 A block starts at `-- name: x` (a statement) or `-- fragment: x` / `-- fragment: x(a, b)` (a
 piece that statements share) and runs to the next such line. A statement writes
@@ -113,3 +113,4 @@ def _split(values: str | None) -> list[str]:
 
 SOURCE = files(__package__).joinpath("todos.sql").read_text(encoding="utf-8")
 queries = parse(SOURCE)
+event_queries = parse(files(__package__).joinpath("events.sql").read_text(encoding="utf-8"))
