@@ -223,7 +223,7 @@ TRANSITIONS: dict[str, Transition] = {
     )
 }
 
-#: The operator repairs, in the order the admin offers them, each with its transition.
-REPAIRS = [(row, row.repair) for row in TRANSITIONS.values() if row.repair is not None]
+#: The operator repairs by name, each with its transition, in the order the admin offers them.
+REPAIRS = {name: (row, row.repair) for name, row in TRANSITIONS.items() if row.repair is not None}
 #: Todo.Meta.permissions: one per operator repair.
-PERMISSIONS = [(repair.permission, repair.permission_name) for _transition, repair in REPAIRS]
+PERMISSIONS = [(repair.permission, repair.permission_name) for _row, repair in REPAIRS.values()]
