@@ -2,7 +2,8 @@
 
 Each method has the same three beats: validate the input (raising InvalidTodo before anything
 is written), run the operation's one statement from `sql/todos.sql`, and when the guard
-matched no row, say why (`_classify_miss`: TodoNotFound or TodoConflict).
+matched no row, say why (`_classify_miss`: TodoNotFound, or TodoConflict in the words of the
+operation's row in `transitions.py`).
 """
 
 from __future__ import annotations

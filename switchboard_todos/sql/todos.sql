@@ -4,7 +4,8 @@
 -- and runs to the next such line; its first comment line is the contract. Parameters are
 -- named, %(name)s. Time is always the database's now(): the application's clock never
 -- decides a lease. A statement that returns no row missed its guard, and the manager
--- classifies the miss (TodoNotFound or TodoConflict).
+-- classifies the miss (TodoNotFound or TodoConflict). Each statement that writes todos has its
+-- row in transitions.py, whose from-states are the states its guard tests (a test holds them).
 --
 -- When a todo becomes claimable: a pending todo with no next_retry_at at created_at, one with
 -- a next_retry_at at that time, and a claimed todo whose lease lapsed at lease_expires_at.
