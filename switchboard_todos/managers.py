@@ -602,7 +602,7 @@ def _run_now(coroutine: Coroutine[Any, Any, R]) -> R:
     except StopIteration as finished:
         return finished.value  # type: ignore[no-any-return]
     coroutine.close()
-    raise RuntimeError("A coroutine run synchronously suspended.")  # pragma: no cover
+    raise RuntimeError("A coroutine run synchronously suspended.")
 
 
 def _claim_params(
