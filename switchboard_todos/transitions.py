@@ -52,8 +52,8 @@ class Obstacle:
     """Given what was seen and the caller (the owner, for owner-guarded transitions)."""
     conflict: str
     """The TodoConflict message: a template over the seen row's columns and `caller`."""
-    refusal: str
-    """A batch's reason, without the id (so that refusals group)."""
+    refusal: str = ""
+    """For a transition with a batch form: the reason, without the id (so that refusals group)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Transition:
         return NOT_HELD in self.obstacles
 
     def conflict(self, seen: Seen, caller: str | None) -> str:
-        """Say, in the terms of this transition, why its guard matched the seen todo not."""
+        """Say, in the terms of this transition, why its guard did not match the seen todo."""
         template = self.wrong_state
         if seen["state"] in self.from_states:
             standing = [obstacle for obstacle in self.obstacles if obstacle.stands(seen, caller)]
@@ -116,24 +116,20 @@ CHANGED = "Todo {id} changed while {operation} ran; try again."
 NOT_HELD = Obstacle(
     stands=lambda seen, caller: seen["owner"] != caller,
     conflict="Todo {id} is claimed by {owner!r}, not by {caller!r}.",
-    refusal="it is claimed by another owner",
 )
 NOT_CLAIMED = "Todo {id} is {state}, not claimed; {operation} needs it claimed by {caller!r}."
 
 _ASSIGNED_ELSEWHERE = Obstacle(
     stands=lambda seen, caller: seen["assignee"] not in (None, caller),
     conflict="Todo {id} is assigned to {assignee!r}; {caller!r} may not claim it.",
-    refusal="it is assigned to another owner",
 )
 _WAITING = Obstacle(
     stands=lambda seen, caller: seen["state"] == State.PENDING and seen["waiting"],
     conflict="Todo {id} is waiting to be retried until {next_retry_at}.",
-    refusal="it is waiting to be retried",
 )
 _LEASE_HELD = Obstacle(
     stands=lambda seen, caller: seen["state"] == State.CLAIMED and not seen["lease_lapsed"],
     conflict="Todo {id} is claimed by {owner!r} until {lease_expires_at}.",
-    refusal="its lease has not lapsed",
 )
 _NO_ATTEMPT_LEFT = Obstacle(
     stands=lambda seen, caller: (
@@ -143,7 +139,6 @@ _NO_ATTEMPT_LEFT = Obstacle(
         "Todo {id}'s lease lapsed on its last attempt ({attempt} of {max_attempts}); "
         "the reaper dead-letters it."
     ),
-    refusal="its lease lapsed on its last attempt",
 )
 _KEY_TAKEN = Obstacle(
     stands=lambda seen, caller: seen["live_twin"] is not None,

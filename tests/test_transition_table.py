@@ -84,13 +84,15 @@ def test_each_transition_is_a_manager_method(name: str) -> None:
 
 @pytest.mark.parametrize("name", REPAIRS)
 def test_each_repair_has_its_permission_and_batch_form(db: None, name: str) -> None:
-    """An operator repair is gated by a permission that exists, and has a `_many` form."""
+    """An operator repair is gated by a permission that exists, and has a `_many` form whose
+    refusals all have a reason."""
     transition, repair = REPAIRS[name]
     assert Permission.objects.filter(
         content_type__app_label="switchboard_todos", codename=repair.permission
     ).exists()
     assert callable(getattr(Todo.objects, f"{transition.name}_many"))
     assert transition.not_in_state
+    assert all(obstacle.refusal for obstacle in transition.obstacles)
 
 
 def seen(todo: Todo) -> dict[str, Any]:
