@@ -36,6 +36,10 @@ notified AS (
       FROM $claimable
 )
 
+-- fragment: notified_per_queue(claimable)
+-- The "notified" CTE of a statement that changes many rows: one notification per queue.
+{{notified((SELECT DISTINCT queue FROM $claimable) AS claimable)}}
+
 -- fragment: errors_with(owner, error)
 -- The failure history (`errors`) with one more entry: the attempt that ended, who held it, when
 -- it was claimed and when it ended, and `error`, an object with "type" and "message".
@@ -44,9 +48,13 @@ errors || jsonb_build_array(jsonb_build_object(
              'error', $error))
 
 -- fragment: lease_expired
--- The error of an attempt whose lease lapsed: recorded by the reaper, or the claim that takes over.
+-- The error of an attempt whose lease lapsed: recorded by the reaper, or the claim taking over.
 jsonb_build_object('type', 'LeaseExpired',
     'message', 'The lease lapsed before complete, fail or release.')
+
+-- fragment: cancelled
+-- The error of a todo an operator cancelled (dead_letter), with %(reason)s as its message.
+jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text)
 
 -- fragment: set_claimed
 -- What a claim writes: the lease to %(owner)s for %(ttl)s, one more attempt. A claim that takes
@@ -106,7 +114,7 @@ inserted AS (
     DO NOTHING
     RETURNING *
 ),
-{{notified((SELECT DISTINCT queue FROM inserted WHERE next_retry_at IS NULL AND %(notify)s) AS claimable)}}
+{{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
 SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
 SELECT todos.*, false AS created
@@ -290,7 +298,7 @@ reaped AS (
      WHERE todos.id = lapsed.id
     RETURNING todos.state, todos.queue
 ),
-{{notified((SELECT DISTINCT queue FROM reaped WHERE state = 'pending' AND %(notify)s) AS claimable)}}
+{{notified_per_queue(reaped WHERE state = 'pending' AND %(notify)s)}}
 SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
        count(*) FILTER (WHERE state = 'failed') AS dead_lettered
   FROM reaped
@@ -340,8 +348,8 @@ SELECT * FROM expired WHERE (SELECT count(*) FROM notified) >= 0;
 UPDATE todos
    SET state = 'failed',
        next_retry_at = NULL,
-       result = jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text),
-       errors = {{errors_with(NULL, jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text))}},
+       result = {{cancelled}},
+       errors = {{errors_with(NULL, {{cancelled}})}},
        completed_at = now(),
        updated_at = now()
  WHERE id = ANY (%(ids)s::text[]) AND state = 'pending'
