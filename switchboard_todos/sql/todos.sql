@@ -28,6 +28,12 @@
 -- the predicate of idx_todos_dedupe; `state` is the column, qualified as the statement needs.
 $state <> 'done' AND $state <> 'failed'
 
+-- fragment: unless_key_held
+-- An insert skips a todo whose (queue, idempotency_key) a live todo holds (idx_todos_dedupe).
+ON CONFLICT (queue, idempotency_key)
+   WHERE idempotency_key IS NOT NULL AND {{live(state)}}
+DO NOTHING
+
 -- fragment: notified(claimable)
 -- The "notified" CTE: wakes the workers of each queue in `claimable`, a FROM item of the rows
 -- the statement made claimable now, filtered with %(notify)s.
@@ -77,9 +83,7 @@ WITH inserted AS (
     VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
             %(idempotency_key)s, %(assignee)s, %(max_attempts)s,
             CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
-    ON CONFLICT (queue, idempotency_key)
-       WHERE idempotency_key IS NOT NULL AND {{live(state)}}
-    DO NOTHING
+    {{unless_key_held}}
     RETURNING *
 ),
 {{notified(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
@@ -109,9 +113,7 @@ inserted AS (
     SELECT id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
            max_attempts, CASE WHEN run_after > now() THEN run_after END
       FROM batch
-    ON CONFLICT (queue, idempotency_key)
-       WHERE idempotency_key IS NOT NULL AND {{live(state)}}
-    DO NOTHING
+    {{unless_key_held}}
     RETURNING *
 ),
 {{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
