@@ -737,6 +737,18 @@ def test_the_health_page_is_linked_and_gated(operator: Callable[..., Client], db
     assert operator().get(HEALTH).status_code == 403
 
 
+def test_the_health_page_lists_the_repairs_the_user_may_make(
+    operator: Callable[..., Client], make_todo: MakeTodo
+) -> None:
+    """Each repair the user holds the permission of, linked to the todos it applies to."""
+    make_todo()
+    page = operator("view_todo", "requeue_todo").get(HEALTH).content.decode()
+    link = f'<a href="{CHANGELIST}?state__exact=failed">Failed (dead letter)</a>'
+    assert f"{link}: Requeue this dead letter (Back to pending" in page
+    assert "Expire its lease now" not in page and "Dead-letter (cancel)" not in page
+    assert "Repairs you may make" not in operator("view_todo").get(HEALTH).content.decode()
+
+
 def test_the_health_page_with_no_todos(admin_client: Client) -> None:
     """An empty table is said in words, not drawn."""
     assert "No todos yet." in admin_client.get(HEALTH).content.decode()
