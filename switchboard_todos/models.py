@@ -10,6 +10,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Cast
+from django.utils.translation import gettext_lazy as _
 
 from switchboard_todos import validation
 from switchboard_todos.events import EventManager
@@ -17,7 +18,7 @@ from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.managers import TodoManager
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, PERMISSIONS, State
 
-__all__ = ["Event", "State", "Todo", "new_event_id", "new_todo_id"]
+__all__ = ["Agent", "Event", "State", "Todo", "new_event_id", "new_todo_id"]
 
 
 def new_event_id() -> str:
