@@ -1,8 +1,10 @@
 """The routes: each authenticates, calls one function of agents/service.py, answers JSON.
 
-Views are async: under ASGI a long-polling claim waits on the LISTEN path without holding a
-thread. Under WSGI Django runs them too, each in an event loop of its own thread, so there a
-claim with `wait` occupies a worker thread for its wait (docs/agents.md).
+`claim` is an async view: under ASGI a long poll waits on the LISTEN path without holding a
+thread. The other verbs are one statement each, plain views that Django runs on the request's
+thread under ASGI: an async view would cost them one more hop between threads. Under WSGI
+everything runs too, `claim` in an event loop of its request's thread, which a long poll then
+occupies for its wait (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def unknown_route(request: HttpRequest, path: str) -> HttpResponse:
 
 
 @api.get("/todos/", response={200: TodoList, **PROBLEMS}, url_name="todos")
-async def list_todos(
+def list_todos(
     request: HttpRequest,
     queue: Query[list[str] | None] = None,
     state: Literal["pending", "claimed"] = "pending",
@@ -119,7 +121,7 @@ async def list_todos(
     cursor: str | None = None,
 ) -> HttpResponse:
     """The pending todos you may claim (oldest first), or with `state=claimed` those you hold."""
-    page = await service.alist_todos(
+    page = service.list_todos(
         agent_of(request), queues=queue, state=state, limit=limit, cursor=cursor
     )
     todos = [todo_json(todo) for todo in page.todos]
@@ -127,10 +129,10 @@ async def list_todos(
 
 
 @api.post("/todos/", response={201: TodoOut, 200: TodoOut, **PROBLEMS})
-async def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
+def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
     """Create a todo in one of your create queues: 201 and its Location when new, 200 with the
     live todo when its idempotency key found one."""
-    todo, created = await service.acreate_for(agent_of(request), **body.model_dump())
+    todo, created = service.create_for(agent_of(request), **body.model_dump())
     if not created:
         return todo_response(todo)
     response = todo_response(todo, 201)
@@ -139,9 +141,9 @@ async def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
 
 
 @api.get("/todos/{todo_id}/", response=ONE, url_name="todo")
-async def get_todo(request: HttpRequest, todo_id: str) -> HttpResponse:
+def get_todo(request: HttpRequest, todo_id: str) -> HttpResponse:
     """One todo you may see: of your claim queues, or held by you."""
-    return todo_response(await service.aget_todo(agent_of(request), todo_id))
+    return todo_response(service.get_todo(agent_of(request), todo_id))
 
 
 @api.post("/claim/", response={200: Claimed, **PROBLEMS})
@@ -154,41 +156,35 @@ async def claim(request: HttpRequest, body: ClaimIn) -> HttpResponse:
 
 
 @api.post("/todos/{todo_id}/claim/", response=ONE)
-async def claim_todo(request: HttpRequest, todo_id: str, body: ClaimOneIn) -> HttpResponse:
+def claim_todo(request: HttpRequest, todo_id: str, body: ClaimOneIn) -> HttpResponse:
     """Claim this todo."""
-    todos = await service.aclaim(agent_of(request), todo_id=todo_id, ttl=body.ttl)
+    todos = service.claim(agent_of(request), todo_id=todo_id, ttl=body.ttl)
     return todo_response(todos[0])
 
 
 @api.post("/todos/{todo_id}/heartbeat/", response=ONE)
-async def heartbeat(request: HttpRequest, todo_id: str, body: HeartbeatIn) -> HttpResponse:
+def heartbeat(request: HttpRequest, todo_id: str, body: HeartbeatIn) -> HttpResponse:
     """Extend your lease to `ttl` seconds from now. 409: the lease is lost; stop working."""
-    return todo_response(await service.aheartbeat(agent_of(request), todo_id, body.ttl))
+    return todo_response(service.heartbeat(agent_of(request), todo_id, body.ttl))
 
 
 @api.post("/todos/{todo_id}/complete/", response=ONE)
-async def complete(
-    request: HttpRequest, todo_id: str, body: CompleteIn | None = None
-) -> HttpResponse:
+def complete(request: HttpRequest, todo_id: str, body: CompleteIn | None = None) -> HttpResponse:
     """Mark the todo you hold done, with its `result`."""
     return todo_response(
-        await service.acomplete(agent_of(request), todo_id, (body or CompleteIn()).result)
+        service.complete(agent_of(request), todo_id, (body or CompleteIn()).result)
     )
 
 
 @api.post("/todos/{todo_id}/fail/", response=ONE)
-async def fail(request: HttpRequest, todo_id: str, body: FailIn | None = None) -> HttpResponse:
+def fail(request: HttpRequest, todo_id: str, body: FailIn | None = None) -> HttpResponse:
     """Report a failed attempt: retried after a backoff, dead-lettered at the cap."""
     body = body or FailIn()
-    todo = await service.afail(agent_of(request), todo_id, body.error, body.retry_in)
+    todo = service.fail(agent_of(request), todo_id, body.error, body.retry_in)
     return todo_response(todo)
 
 
 @api.post("/todos/{todo_id}/release/", response=ONE)
-async def release(
-    request: HttpRequest, todo_id: str, body: ReleaseIn | None = None
-) -> HttpResponse:
+def release(request: HttpRequest, todo_id: str, body: ReleaseIn | None = None) -> HttpResponse:
     """Give the todo back without using up an attempt."""
-    return todo_response(
-        await service.arelease(agent_of(request), todo_id, (body or ReleaseIn()).delay)
-    )
+    return todo_response(service.release(agent_of(request), todo_id, (body or ReleaseIn()).delay))
