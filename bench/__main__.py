@@ -18,7 +18,15 @@ from collections.abc import Sequence
 from bench.harness import Bench, Pool, table
 from bench.setup import NO_PREPARE, configure
 
-SCENARIOS = ("enqueue", "batch_enqueue", "drain_single", "drain_worker", "pickup", "claim_scale")
+SCENARIOS = (
+    "enqueue",
+    "batch_enqueue",
+    "drain_single",
+    "drain_worker",
+    "pickup",
+    "claim_scale",
+    "http_agents",
+)
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -1,7 +1,57 @@
-"""The test settings' ASGI application, served by uvicorn in the live-server tests."""
+"""The test settings' ASGI application, and `serve()`: uvicorn running it in a subprocess.
+
+The live-server tests and the HTTP benchmark talk to it as remote agents would.
+"""
 
 from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from django.core.asgi import get_asgi_application
 
 application = get_asgi_application()
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def serve(env: dict[str, str], *, workers: int = 1) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """uvicorn serving `application` in `workers` processes with environment `env`; the API's
+    base URL once it answers, and the process.
+
+    The process is stopped on leaving; its output (warnings and up) is on its `stdout`.
+    """
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--port", str(port),
+         "--workers", str(workers), "--no-access-log", "--log-level", "warning"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/openapi.json").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"uvicorn did not start: {process.communicate()[0]}")
+            time.sleep(0.1)
+        yield base, process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(30)

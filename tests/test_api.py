@@ -10,11 +10,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.db import OperationalError, ProgrammingError, connection
 from django.test import Client
 
 from switchboard_todos import listen
 from switchboard_todos.agents import accounts
-from switchboard_todos.models import State, Todo
+from switchboard_todos.models import Agent, State, Todo
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +28,7 @@ def _stop_listeners() -> Iterator[None]:
     listen.stop_shared_listeners()
 
 
-class Agent:
+class AgentClient:
     """An HTTP client holding one agent's token."""
 
     def __init__(self, client: Client, token: str | None) -> None:
@@ -56,8 +57,8 @@ def tokens() -> dict[str, str]:
 
 
 @pytest.fixture
-def a1(client: Client, tokens: dict[str, str]) -> Agent:
-    return Agent(client, tokens["a1"])
+def a1(client: Client, tokens: dict[str, str]) -> AgentClient:
+    return AgentClient(client, tokens["a1"])
 
 
 def todos_table() -> list[dict[str, Any]]:
@@ -77,7 +78,7 @@ def assert_problem(response: Any, status: int, detail: str = "") -> dict[str, An
 # The verbs
 
 
-def test_create_claim_heartbeat_complete(a1: Agent) -> None:
+def test_create_claim_heartbeat_complete(a1: AgentClient) -> None:
     created = a1.post(
         "/todos/", {"queue": "work", "kind": "k", "payload": {"n": 1}, "idempotency_key": "x"}
     )
@@ -105,7 +106,7 @@ def test_create_claim_heartbeat_complete(a1: Agent) -> None:
     assert Todo.objects.get(pk=todo["id"]).state == State.DONE
 
 
-def test_fail_release_and_claim_by_id(a1: Agent, make_todo: Callable[..., Todo]) -> None:
+def test_fail_release_and_claim_by_id(a1: AgentClient, make_todo: Callable[..., Todo]) -> None:
     todo = make_todo(queue="work")
     claimed = a1.post(f"/todos/{todo.id}/claim/", {"ttl": 30})
     assert claimed.status_code == 200 and claimed.json()["attempt"] == 1
@@ -117,20 +118,20 @@ def test_fail_release_and_claim_by_id(a1: Agent, make_todo: Callable[..., Todo])
     assert released.json()["next_retry_at"] is not None
 
 
-def test_complete_without_a_body(a1: Agent, make_todo: Callable[..., Todo]) -> None:
+def test_complete_without_a_body(a1: AgentClient, make_todo: Callable[..., Todo]) -> None:
     todo = make_todo(queue="work", state=State.CLAIMED, owner="a1")
     done = a1.post(f"/todos/{todo.id}/complete/")
     assert done.status_code == 200 and done.json()["result"] is None
 
 
-def test_claim_batch_and_empty_claim(a1: Agent, make_todo: Callable[..., Todo]) -> None:
+def test_claim_batch_and_empty_claim(a1: AgentClient, make_todo: Callable[..., Todo]) -> None:
     for _ in range(3):
         make_todo(queue="more")
     assert len(a1.post("/claim/", {"ttl": 30, "limit": 10}).json()["todos"]) == 3
     assert a1.post("/claim/", {"ttl": 30, "wait": 0}).json() == {"todos": []}
 
 
-def test_list_todos_pages(a1: Agent, make_todo: Callable[..., Todo]) -> None:
+def test_list_todos_pages(a1: AgentClient, make_todo: Callable[..., Todo]) -> None:
     made = [make_todo(queue="work").id for _ in range(5)]
     make_todo(queue="elsewhere")
     seen: list[str] = []
@@ -146,7 +147,7 @@ def test_list_todos_pages(a1: Agent, make_todo: Callable[..., Todo]) -> None:
 
 
 def test_one_http_call_is_two_statements(
-    a1: Agent, make_todo: Callable[..., Todo], django_assert_num_queries: Callable[..., Any]
+    a1: AgentClient, make_todo: Callable[..., Todo], django_assert_num_queries: Callable[..., Any]
 ) -> None:
     """The agent's lookup, then the transition."""
     make_todo(queue="work")
@@ -174,6 +175,8 @@ def test_openapi_schema_is_generated_and_public(client: Client) -> None:
         "release",
     }
     assert schema["components"]["securitySchemes"]["BearerToken"]["scheme"] == "bearer"
+    refusal = schema["paths"]["/api/claim/"]["post"]["responses"]["409"]["content"]
+    assert list(refusal) == ["application/problem+json"]
 
 
 # The auth matrix
@@ -210,11 +213,9 @@ def test_revoked_token_is_401(
 ) -> None:
     todo = make_todo(queue="work", state=State.CLAIMED, owner="a1")
     accounts.revoke(accounts.create_agent("a3")[0])  # another agent's revocation is not a1's
-    from switchboard_todos.models import Agent as AgentModel
-
-    accounts.revoke(AgentModel.objects.get(name="a1"))
+    accounts.revoke(Agent.objects.get(name="a1"))
     before = todos_table()
-    response = Agent(client, tokens["a1"]).post(f"/todos/{todo.id}/complete/", {})
+    response = AgentClient(client, tokens["a1"]).post(f"/todos/{todo.id}/complete/", {})
     assert_problem(response, 401, "revoked")
     assert 'error="invalid_token"' in response["WWW-Authenticate"]
     assert todos_table() == before
@@ -230,7 +231,7 @@ def test_revoked_token_is_401(
     ],
 )
 def test_queue_not_granted_is_403(
-    a1: Agent, make_todo: Callable[..., Todo], method: str, path: str, body: dict[str, Any]
+    a1: AgentClient, make_todo: Callable[..., Todo], method: str, path: str, body: dict[str, Any]
 ) -> None:
     make_todo(queue="work")
     make_todo(queue="elsewhere")
@@ -242,7 +243,7 @@ def test_queue_not_granted_is_403(
 
 @pytest.mark.parametrize("verb", ["heartbeat", "complete", "fail", "release"])
 def test_another_agents_lease_is_409_with_the_core_message(
-    a1: Agent, make_todo: Callable[..., Todo], verb: str
+    a1: AgentClient, make_todo: Callable[..., Todo], verb: str
 ) -> None:
     todo = make_todo(queue="work", state=State.CLAIMED, owner="a2")
     before = todos_table()
@@ -253,7 +254,7 @@ def test_another_agents_lease_is_409_with_the_core_message(
 
 
 def test_claiming_a_todo_another_agent_holds_is_409(
-    a1: Agent, make_todo: Callable[..., Todo]
+    a1: AgentClient, make_todo: Callable[..., Todo]
 ) -> None:
     todo = make_todo(queue="work", state=State.CLAIMED, owner="a2")
     before = todos_table()
@@ -274,7 +275,12 @@ def test_claiming_a_todo_another_agent_holds_is_409(
 )
 @pytest.mark.parametrize("hidden", ["assigned", "other queue", "unknown"])
 def test_another_agents_assigned_todo_and_other_queues_are_404_like_unknown_ids(
-    a1: Agent, make_todo: Callable[..., Todo], method: str, suffix: str, body: Any, hidden: str
+    a1: AgentClient,
+    make_todo: Callable[..., Todo],
+    method: str,
+    suffix: str,
+    body: Any,
+    hidden: str,
 ) -> None:
     if hidden == "assigned":
         todo_id = make_todo(queue="work", assignee="a2").id
@@ -344,7 +350,12 @@ HUGE = b'{"queue": "work", "kind": "k", "payload": {"x": "' + b"y" * 3_000_000 +
     ],
 )
 def test_bad_input_is_refused_and_writes_nothing(
-    a1: Agent, make_todo: Callable[..., Todo], path: str, raw: str | bytes, status: int, detail: str
+    a1: AgentClient,
+    make_todo: Callable[..., Todo],
+    path: str,
+    raw: str | bytes,
+    status: int,
+    detail: str,
 ) -> None:
     make_todo(queue="work")
     before = todos_table()
@@ -362,13 +373,45 @@ def test_bad_input_is_refused_and_writes_nothing(
         ({"queue": "bad name"}, "not a valid queue name"),
     ],
 )
-def test_bad_list_queries_are_422(a1: Agent, query: dict[str, Any], detail: str) -> None:
+def test_bad_list_queries_are_422(a1: AgentClient, query: dict[str, Any], detail: str) -> None:
     assert_problem(a1.get("/todos/", **query), 422, detail)
 
 
-def test_odd_ids_are_refused_without_a_server_error(a1: Agent) -> None:
+def test_odd_ids_are_refused_without_a_server_error(a1: AgentClient) -> None:
     before = todos_table()
     assert_problem(a1.get("/todos/td%00x/"), 422, "NUL")
     assert_problem(a1.get(f"/todos/{'x' * 200}/"), 422, "todo id")
     assert_problem(a1.post("/todos/%ED%A0%80/complete/", {}), 404)
     assert todos_table() == before
+
+
+@pytest.mark.parametrize(
+    ("path", "detail"),
+    [("/claim", "end with a slash"), ("/nowhere/", "No route POST /api/nowhere/")],
+)
+def test_unknown_routes_are_problems_even_without_the_trailing_slash(
+    settings: Any, a1: AgentClient, path: str, detail: str
+) -> None:
+    settings.DEBUG = True  # where APPEND_SLASH would raise for a POST without the slash
+    assert_problem(a1.post(path, {"ttl": 30}), 404, detail)
+
+
+def fail_statements(error: Exception) -> Callable[..., Any]:
+    def execute(*args: Any) -> Any:
+        raise error
+
+    return execute
+
+
+def test_an_unreachable_database_is_503_with_retry_after(a1: AgentClient) -> None:
+    with connection.execute_wrapper(fail_statements(OperationalError("connection refused"))):
+        response = a1.post("/claim/", {"ttl": 30})
+    assert_problem(response, 503, "unavailable")
+    assert response["Retry-After"] == "5"
+
+
+def test_a_fault_of_ours_is_a_500_problem_without_a_traceback(a1: AgentClient) -> None:
+    with connection.execute_wrapper(fail_statements(ProgrammingError("column x does not exist"))):
+        response = a1.post("/claim/", {"ttl": 30})
+    body = assert_problem(response, 500, "logged")
+    assert "column x" not in body["detail"]

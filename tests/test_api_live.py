@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import collections
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,16 +13,10 @@ from django.db import connections
 
 from switchboard_todos.agents import accounts
 from switchboard_todos.models import State, Todo
-from tests.conftest import ROOT, run_in_threads
+from tests.asgi import serve
+from tests.conftest import run_in_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -34,40 +25,10 @@ def server(subprocess_env: dict[str, str]) -> Iterator[str]:
 
     Its pool of 4 connections is smaller than the agents' numbers below: requests share them.
     """
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "tests.asgi:application",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env={**subprocess_env, "DATABASE_POOL_SIZE": "4"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/openapi.json").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"uvicorn did not start: {process.communicate()[0]}")
-        time.sleep(0.1)
-    yield base
-    process.terminate()
-    output = process.communicate(timeout=30)[0]
+    with serve({**subprocess_env, "DATABASE_POOL_SIZE": "4"}) as (base, process):
+        yield base
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
     assert "Traceback" not in output, output
 
 

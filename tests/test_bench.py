@@ -31,6 +31,7 @@ ROWS = {
         "latency p99, polling",
     ],
     "claim_scale": ["1,000 pending, 1 queue", "1,000 pending, 3 queues"],
+    "http_agents": ["claim + complete, 2 agents", "long-poll pickup latency median"],
 }
 
 

@@ -60,6 +60,8 @@ INVALID_INPUT = ErrorKind(
 BODY_TOO_LARGE = ErrorKind(
     413, "body-too-large", "Request body too large", "Send less; nothing changed."
 )
+#: HTTP only: a path the API does not have.
+ROUTE_NOT_FOUND = ErrorKind(404, "route-not-found", "No such route", "Check the method and path.")
 #: Faults of the server, not of the agent (HTTP only; logged, never with a traceback).
 UNAVAILABLE = ErrorKind(503, "unavailable", "Service unavailable", "Retry after a pause.")
 SERVER_ERROR = ErrorKind(500, "server-error", "Internal error", "Retry after a pause.")

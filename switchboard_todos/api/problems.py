@@ -135,9 +135,8 @@ def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
         )
     if isinstance(cause, TodoError):
         return _todo_error(request, cause)
-    return problem_response(
-        ErrorKind(error.status_code, "http-error", "HTTP error", ""), str(error.message)
-    )
+    # ninja's own refusals of a request it could not read.
+    return problem_response(errors.INVALID_INPUT, str(error.message))
 
 
 def _too_large(request: HttpRequest, error: RequestDataTooBig) -> HttpResponse:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from switchboard_todos.api.views import api
+from django.urls import re_path
+
+from switchboard_todos.api.views import api, unknown_route
 
 # include() names the namespace after app_name: the one the API reverses its routes in.
-urlpatterns, _ninja, app_name = api.urls
+routes, _ninja, app_name = api.urls
+urlpatterns = [*routes, re_path(r"^(?P<path>.*)$", unknown_route)]

@@ -1,21 +1,26 @@
 """The routes: each authenticates, calls one function of agents/service.py, answers JSON.
 
-Views are async: under ASGI a long-polling claim waits on the LISTEN path without holding a
-thread. Under WSGI Django runs them too, each in an event loop of its own thread, so there a
-claim with `wait` occupies a worker thread for its wait (docs/agents.md).
+`claim` is an async view: under ASGI a long poll waits on the LISTEN path without holding a
+thread. The other verbs are one statement each, plain views that Django runs on the request's
+thread under ASGI: an async view would cost them one more hop between threads. Under WSGI
+everything runs too, `claim` in an event loop of its request's thread, which a long poll then
+occupies for its wait (docs/agents.md).
 """
 
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Query
+from ninja.openapi.schema import OpenAPISchema
 from ninja.operation import Operation
 from ninja.security import HttpBearer
 
-from switchboard_todos.agents import service
+from switchboard_todos.agents import errors, service
 from switchboard_todos.agents.serialize import todo_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
@@ -46,6 +51,25 @@ class AgentsAPI(NinjaAPI):
         """Name each operation after its verb (claim, complete…), as the MCP tools are."""
         return operation.view_func.__name__
 
+    def get_openapi_schema(
+        self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
+    ) -> OpenAPISchema:
+        """The schema, built once per prefix; problems typed application/problem+json."""
+        key = (path_prefix, repr(sorted((path_params or {}).items())))
+        if key not in self._schemas:
+            schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+            for operation in (op for path in schema["paths"].values() for op in path.values()):
+                for status, response in operation["responses"].items():
+                    if int(status) >= 400:
+                        content = response["content"].pop("application/json")
+                        response["content"][problems.CONTENT_TYPE] = content
+            self._schemas[key] = schema
+        return self._schemas[key]
+
+    @cached_property
+    def _schemas(self) -> dict[tuple[str | None, str], OpenAPISchema]:
+        return {}
+
 
 api = AgentsAPI(
     title="switchboard-todos agents",
@@ -60,7 +84,7 @@ api = AgentsAPI(
 problems.install(api)
 
 #: What every route may answer besides its success.
-PROBLEMS: dict[int, Any] = {401: Problem, 403: Problem, 404: Problem, 409: Problem, 422: Problem}
+PROBLEMS: dict[int, Any] = dict.fromkeys((401, 403, 404, 409, 413, 422), Problem)
 ONE = {200: TodoOut, **PROBLEMS}
 
 
@@ -78,8 +102,18 @@ def todo_response(todo: Todo, status: int = 200) -> HttpResponse:
     return json_response(todo_json(todo), status)
 
 
+@csrf_exempt
+def unknown_route(request: HttpRequest, path: str) -> HttpResponse:
+    """Anything else under the API's prefix: a problem, not an HTML page (nor, for a POST that
+    lacks the trailing slash, Django's APPEND_SLASH error)."""
+    hint = " The API's paths end with a slash." if not path.endswith("/") else ""
+    return problems.problem_response(
+        errors.ROUTE_NOT_FOUND, f"No route {request.method} {request.path}.{hint}"
+    )
+
+
 @api.get("/todos/", response={200: TodoList, **PROBLEMS}, url_name="todos")
-async def list_todos(
+def list_todos(
     request: HttpRequest,
     queue: Query[list[str] | None] = None,
     state: Literal["pending", "claimed"] = "pending",
@@ -87,18 +121,18 @@ async def list_todos(
     cursor: str | None = None,
 ) -> HttpResponse:
     """The pending todos you may claim (oldest first), or with `state=claimed` those you hold."""
-    page = await service.alist_todos(
+    page = service.list_todos(
         agent_of(request), queues=queue, state=state, limit=limit, cursor=cursor
     )
     todos = [todo_json(todo) for todo in page.todos]
     return json_response({"todos": todos, "next_cursor": page.next_cursor})
 
 
-@api.post("/todos/", response={201: TodoOut, 200: TodoOut, 413: Problem, **PROBLEMS})
-async def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
+@api.post("/todos/", response={201: TodoOut, 200: TodoOut, **PROBLEMS})
+def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
     """Create a todo in one of your create queues: 201 and its Location when new, 200 with the
     live todo when its idempotency key found one."""
-    todo, created = await service.acreate_for(agent_of(request), **body.model_dump())
+    todo, created = service.create_for(agent_of(request), **body.model_dump())
     if not created:
         return todo_response(todo)
     response = todo_response(todo, 201)
@@ -107,12 +141,12 @@ async def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
 
 
 @api.get("/todos/{todo_id}/", response=ONE, url_name="todo")
-async def get_todo(request: HttpRequest, todo_id: str) -> HttpResponse:
+def get_todo(request: HttpRequest, todo_id: str) -> HttpResponse:
     """One todo you may see: of your claim queues, or held by you."""
-    return todo_response(await service.aget_todo(agent_of(request), todo_id))
+    return todo_response(service.get_todo(agent_of(request), todo_id))
 
 
-@api.post("/claim/", response={200: Claimed, 413: Problem, **PROBLEMS})
+@api.post("/claim/", response={200: Claimed, **PROBLEMS})
 async def claim(request: HttpRequest, body: ClaimIn) -> HttpResponse:
     """Claim up to `limit` todos; with `wait`, long-poll until one is claimable."""
     todos = await service.aclaim(
@@ -122,41 +156,35 @@ async def claim(request: HttpRequest, body: ClaimIn) -> HttpResponse:
 
 
 @api.post("/todos/{todo_id}/claim/", response=ONE)
-async def claim_todo(request: HttpRequest, todo_id: str, body: ClaimOneIn) -> HttpResponse:
+def claim_todo(request: HttpRequest, todo_id: str, body: ClaimOneIn) -> HttpResponse:
     """Claim this todo."""
-    todos = await service.aclaim(agent_of(request), todo_id=todo_id, ttl=body.ttl)
+    todos = service.claim(agent_of(request), todo_id=todo_id, ttl=body.ttl)
     return todo_response(todos[0])
 
 
 @api.post("/todos/{todo_id}/heartbeat/", response=ONE)
-async def heartbeat(request: HttpRequest, todo_id: str, body: HeartbeatIn) -> HttpResponse:
+def heartbeat(request: HttpRequest, todo_id: str, body: HeartbeatIn) -> HttpResponse:
     """Extend your lease to `ttl` seconds from now. 409: the lease is lost; stop working."""
-    return todo_response(await service.aheartbeat(agent_of(request), todo_id, body.ttl))
+    return todo_response(service.heartbeat(agent_of(request), todo_id, body.ttl))
 
 
 @api.post("/todos/{todo_id}/complete/", response=ONE)
-async def complete(
-    request: HttpRequest, todo_id: str, body: CompleteIn | None = None
-) -> HttpResponse:
+def complete(request: HttpRequest, todo_id: str, body: CompleteIn | None = None) -> HttpResponse:
     """Mark the todo you hold done, with its `result`."""
     return todo_response(
-        await service.acomplete(agent_of(request), todo_id, (body or CompleteIn()).result)
+        service.complete(agent_of(request), todo_id, (body or CompleteIn()).result)
     )
 
 
 @api.post("/todos/{todo_id}/fail/", response=ONE)
-async def fail(request: HttpRequest, todo_id: str, body: FailIn | None = None) -> HttpResponse:
+def fail(request: HttpRequest, todo_id: str, body: FailIn | None = None) -> HttpResponse:
     """Report a failed attempt: retried after a backoff, dead-lettered at the cap."""
     body = body or FailIn()
-    todo = await service.afail(agent_of(request), todo_id, body.error, body.retry_in)
+    todo = service.fail(agent_of(request), todo_id, body.error, body.retry_in)
     return todo_response(todo)
 
 
 @api.post("/todos/{todo_id}/release/", response=ONE)
-async def release(
-    request: HttpRequest, todo_id: str, body: ReleaseIn | None = None
-) -> HttpResponse:
+def release(request: HttpRequest, todo_id: str, body: ReleaseIn | None = None) -> HttpResponse:
     """Give the todo back without using up an attempt."""
-    return todo_response(
-        await service.arelease(agent_of(request), todo_id, (body or ReleaseIn()).delay)
-    )
+    return todo_response(service.release(agent_of(request), todo_id, (body or ReleaseIn()).delay))

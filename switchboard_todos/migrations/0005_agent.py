@@ -5,6 +5,7 @@ A new table: nothing else reads it, so it is created in one transaction on a liv
 
 import django.contrib.postgres.fields
 import django.core.validators
+import switchboard_todos.models
 from django.db import migrations, models
 
 
@@ -40,8 +41,9 @@ class Migration(migrations.Migration):
                         base_field=models.TextField(),
                         blank=True,
                         default=list,
-                        help_text="Queues it may claim from.",
+                        help_text="Queues it may claim from, separated by commas.",
                         size=None,
+                        validators=[switchboard_todos.models.validate_queue_names],
                     ),
                 ),
                 (
@@ -50,8 +52,9 @@ class Migration(migrations.Migration):
                         base_field=models.TextField(),
                         blank=True,
                         default=list,
-                        help_text="Queues it may create todos in.",
+                        help_text="Queues it may create todos in, separated by commas.",
                         size=None,
+                        validators=[switchboard_todos.models.validate_queue_names],
                     ),
                 ),
                 (

@@ -34,24 +34,19 @@ class Command(OperatorCommand):
         actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
         create = actions.add_parser("create", help="Create an agent and print its token.")
         create.add_argument("name", help="The agent's name: the owner of what it claims.")
-        create.add_argument(
-            "--queue",
-            action="append",
-            type=queue_name,
-            dest="claim_queues",
-            default=[],
-            metavar="QUEUE",
-            help="A queue it may claim from; repeat for several.",
-        )
-        create.add_argument(
-            "--create-queue",
-            action="append",
-            type=queue_name,
-            dest="create_queues",
-            default=[],
-            metavar="QUEUE",
-            help="A queue it may create todos in; repeat for several.",
-        )
+        for flag, dest, what in (
+            ("--queue", "claim_queues", "claim from"),
+            ("--create-queue", "create_queues", "create todos in"),
+        ):
+            create.add_argument(
+                flag,
+                action="append",
+                type=queue_name,
+                dest=dest,
+                default=[],
+                metavar="QUEUE",
+                help=f"A queue it may {what}; repeat for several.",
+            )
         for action, what in (("rotate", "Print a new token"), ("revoke", "Revoke the token")):
             actions.add_parser(action, help=f"{what} of an agent.").add_argument("name")
         actions.add_parser("list", help="List the agents.")

@@ -1,0 +1,131 @@
+"""Remote agents: create one, rotate or revoke its token; each token is shown once, then gone.
+
+Only a hash of a token is stored, so the page that follows a creation or a rotation is the only
+place the token ever appears: it is rendered in that response (never put in a message, which
+would keep it in the session or a cookie) and is not cached. Every creation, rotation and
+revocation is in the agent's history (LogEntry).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from switchboard_todos.admin.base import RefusesNul
+from switchboard_todos.agents import accounts
+from switchboard_todos.agents.tokens import issue_token
+from switchboard_todos.models import Agent
+
+if TYPE_CHECKING:
+    AgentModelAdmin = admin.ModelAdmin[Agent]
+else:  # Django's classes take no type parameters at run time.
+    AgentModelAdmin = admin.ModelAdmin
+
+
+#: Where save_model leaves a new agent's token for response_add (on the agent, never on the
+#: admin, which every request shares).
+ISSUED = "_issued_token"
+FIELDS = [
+    "name",
+    "claim_queues",
+    "create_queues",
+    "is_active",
+    "token_prefix",
+    "token_generation",
+    "created_at",
+    "last_seen_at",
+]
+
+
+@admin.register(Agent)
+class AgentAdmin(RefusesNul, AgentModelAdmin):
+    """The agents, their grants and their tokens' state; tokens change through actions only."""
+
+    list_display = [
+        "name",
+        "is_active",
+        "token_prefix",
+        "claim_queues",
+        "create_queues",
+        "created_at",
+        "last_seen_at",
+    ]
+    list_filter = ["is_active"]
+    search_fields = ["name"]
+    actions = ["rotate_tokens", "revoke_tokens"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Agent | None = None) -> list[str]:
+        """Tokens are never edited; a name never changes, as the todos it held keep it."""
+        readonly = ["token_prefix", "token_generation", "created_at", "last_seen_at"]
+        return readonly if obj is None else ["name", *readonly]
+
+    def get_fields(self, request: HttpRequest, obj: Agent | None = None) -> Any:
+        """A new agent is active: revoke it afterwards if need be."""
+        return FIELDS if obj is not None else [name for name in FIELDS if name != "is_active"]
+
+    def save_model(
+        self, request: HttpRequest, obj: Agent, form: ModelForm[Agent], change: bool
+    ) -> None:
+        if not change:
+            issued = issue_token()
+            obj.token_hash, obj.token_prefix = issued.hash, issued.prefix
+            setattr(obj, ISSUED, issued.token)
+        super().save_model(request, obj, form, change)
+
+    def response_add(
+        self, request: HttpRequest, obj: Agent, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        return self._show_tokens(
+            request, _("The new agent's token"), {obj.name: getattr(obj, ISSUED)}
+        )
+
+    @admin.action(description=_("Rotate the tokens of the selected agents"), permissions=["change"])
+    def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Agent]) -> HttpResponse:
+        """New tokens (the old ones stop working at once); revoked agents are active again."""
+        issued = {}
+        for agent in queryset:
+            issued[agent.name] = accounts.rotate_token(agent)
+            self.log_change(
+                request, agent, f"Rotated its token (generation {agent.token_generation})."
+            )
+        return self._show_tokens(request, _("New tokens"), issued)
+
+    @admin.action(description=_("Revoke the tokens of the selected agents"), permissions=["change"])
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        agents = list(queryset)
+        for agent in agents:
+            accounts.revoke(agent)
+            self.log_change(request, agent, "Revoked its token.")
+        count = len(agents)
+        self.message_user(
+            request,
+            ngettext(
+                "Revoked the token of %(count)d agent.",
+                "Revoked the tokens of %(count)d agents.",
+                count,
+            )
+            % {"count": count},
+        )
+
+    def _show_tokens(
+        self, request: HttpRequest, title: Any, tokens: dict[str, str]
+    ) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.opts,
+            "tokens": sorted(tokens.items()),
+            "back": reverse("admin:switchboard_todos_agent_changelist"),
+        }
+        response = TemplateResponse(request, "admin/switchboard_todos/agent/tokens.html", context)
+        add_never_cache_headers(response)
+        return response
