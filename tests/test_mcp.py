@@ -36,7 +36,7 @@ from switchboard_todos.agents.accounts import create_agent, revoke
 from switchboard_todos.mcp.http import allowed_hosts
 from switchboard_todos.models import Agent, State, Todo
 from tests.conftest import ROOT, database_url
-from tests.test_worker import wait_until
+from tests.helpers import wait_until
 
 T = TypeVar("T")
 
