@@ -16,7 +16,7 @@ import pytest
 from django.db import connection, connections
 from django.db.models import DateTimeField, Func
 
-from example_project import database
+from devtools import database
 from switchboard_todos.models import State, Todo
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ _STATE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def pytest_report_header() -> str:
-    """Name the server under test, and how example_project/database.py chose it."""
+    """Name the server under test, and how devtools/database.py chose it."""
     from django.conf import settings
 
     server = settings.DATABASES["default"]
