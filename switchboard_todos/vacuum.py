@@ -26,8 +26,10 @@ from switchboard_todos.stats import format_age
 # keeps one, in time. A session holds the horizon with its snapshot (backend_xmin) or with its
 # own transaction id once it wrote (backend_xid), whichever is older. Sessions of other databases
 # do not hold back this one's tables; walsenders (no database) do, with hot_standby_feedback.
-# Ages are taken at the statement's time, not the transaction's: this read may itself run
-# inside a long transaction, whose own session is left out.
+# Autovacuum workers are left out: vacuums ignore each other's snapshots. A replication slot
+# holds user tables with its xmin (a physical slot's standby feedback); catalog_xmin holds only
+# the catalogs. Ages are taken at the statement's time, not the transaction's: this read may
+# itself run inside a long transaction, whose own session is left out.
 _HORIZON = """
 WITH holders (kind, pid, application, state, started, xids) AS (
     SELECT 'session', pid, application_name, state, xact_start,
@@ -35,6 +37,7 @@ WITH holders (kind, pid, application, state, started, xids) AS (
       FROM pg_stat_activity
      WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
        AND pid <> pg_backend_pid()
+       AND backend_type <> 'autovacuum worker'
        AND (datname = current_database() OR datname IS NULL)
     UNION ALL
     SELECT 'prepared transaction', NULL, gid, 'prepared', prepared, age(transaction)
@@ -42,10 +45,9 @@ WITH holders (kind, pid, application, state, started, xids) AS (
      WHERE database = current_database()
     UNION ALL
     SELECT 'replication slot', active_pid, slot_name,
-           CASE WHEN active THEN 'active' ELSE 'inactive' END, NULL,
-           greatest(age(xmin), age(catalog_xmin))
+           CASE WHEN active THEN 'active' ELSE 'inactive' END, NULL, age(xmin)
       FROM pg_replication_slots
-     WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+     WHERE xmin IS NOT NULL
 )
 SELECT statement_timestamp(), kind, pid, application, state,
        statement_timestamp() - started, xids
