@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Literal
 
 from django.db import connections, router
@@ -157,14 +157,6 @@ def queue_health(
     with _cursor() as cursor:
         cursor.execute(_QUEUES, {"queues": wanted, "limit": VALUES_LIMIT, "recent": recent})
         return [QueueHealth(*row) for row in cursor.fetchall()]
-
-
-def database_now() -> datetime:
-    """The database's clock, which every number above is relative to."""
-    with _cursor() as cursor:
-        cursor.execute("SELECT now()")
-        now: datetime = cursor.fetchone()[0]
-    return now
 
 
 def distinct_values(column: Literal["queue", "assignee"], limit: int = VALUES_LIMIT) -> list[str]:
