@@ -22,6 +22,7 @@ from django.test import Client
 from switchboard_todos import vacuum
 from switchboard_todos.models import Todo
 from tests.conftest import database_url
+from tests.test_metrics import samples, scrape
 
 HEALTH = "/admin/switchboard_todos/todo/health/"
 
@@ -141,3 +142,12 @@ def test_the_health_page_shows_the_holder_and_warns(
 
 def test_the_health_page_without_a_holder(admin_client: Client) -> None:
     assert "no other session holds a snapshot" in admin_client.get(HEALTH).content.decode()
+
+
+def test_the_metrics_give_the_holders_age(
+    held_snapshot: Held, client: Client, settings: Any
+) -> None:
+    """At least the 0.2 s the holder waited in the database after it began, by its clock."""
+    found = samples(scrape(client, settings))
+    assert found["switchboard_todos_xmin_horizon_age_seconds", ()] >= 0.2
+    assert found["switchboard_todos_xmin_horizon_xids", ()] >= 0
