@@ -4,11 +4,14 @@ from django.contrib import admin
 from django.urls import include, path
 
 from example_project import views
+from switchboard_todos import metrics
 
 webhook_patterns = [path("hooks/<slug:source>/", views.webhook, name="webhook")]
 
+# Prometheus scrapes the queue's numbers here; keep it off the public internet (docs/operating.md).
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics.view, name="metrics"),
     # The remote agents' HTTP API (docs/agents.md).
     path("api/", include("switchboard_todos.api.urls")),
     *webhook_patterns,
