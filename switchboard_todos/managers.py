@@ -18,7 +18,7 @@ from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 
-from switchboard_todos import cursors, validation
+from switchboard_todos import cursors, signals, validation
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
@@ -350,7 +350,9 @@ class TodoManager(models.Manager["Todo"]):
         params = {"owner": checked["owner"], "ids": ids, "results": values}
         with self._cursor() as cursor:
             cursor.execute(queries["complete_many"], params)
-            return [todo_id for (todo_id,) in cursor.fetchall()]
+            done = [todo_id for (todo_id,) in cursor.fetchall()]
+        self._signal("complete_many", lambda: self._reread(done))
+        return done
 
     def fail(
         self, todo_id: str, owner: str, error: Any = None, retry_in: Seconds | None = None
@@ -382,7 +384,8 @@ class TodoManager(models.Manager["Todo"]):
         """Requeue every todo whose lease lapsed, or dead-letter it when no attempt is left."""
         with self._cursor() as cursor:
             cursor.execute(queries["reap_expired"], {"notify": conf.LISTEN})
-            requeued, dead_lettered = cursor.fetchone()
+            requeued, dead_lettered, ids = cursor.fetchone()
+        self._signal("reap_expired", lambda: self._reread(ids))
         return ReapResult(requeued=requeued, dead_lettered=dead_lettered)
 
     def requeue(self, todo_id: str) -> Todo:
@@ -497,7 +500,20 @@ class TodoManager(models.Manager["Todo"]):
                 values[index] = field.from_db_value(values[index], field.cached_col, connection)
             todo = self.model.from_db(alias, layout.attnames, values)
             loaded.append((todo, None if layout.extra is None else row[layout.extra]))
+        self._signal(name, lambda: loaded)
         return loaded
+
+    def _signal(self, name: str, rows: Callable[[], list[tuple[Todo, Any]]]) -> None:
+        """Send statement `name`'s lifecycle signals (signals.SENT_BY) if a receiver listens.
+
+        The one place every transition's rows pass; `rows` is called only when one does.
+        """
+        if signals.listened(name, self.model):
+            signals.send(name, self.model, rows())
+
+    def _reread(self, ids: list[str]) -> list[tuple[Todo, Any]]:
+        """The todos of a statement that returns only ids, for its signals (one more query)."""
+        return [(todo, None) for todo in self.filter(pk__in=ids)] if ids else []
 
     def _rows(self, name: str, params: Mapping[str, Any]) -> list[Todo]:
         """Run statement `name` and return the todos it returned."""
