@@ -322,17 +322,17 @@ def result(value: Any) -> str | None:
 
 def results(value: object) -> tuple[list[str], list[str | None]]:
     """`complete_many`'s mapping of todo id to result, as the statement's two arrays."""
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise InvalidTodo(f"results must map todo ids to results, not {type(value).__name__}.")
     return [todo_id(key) for key in value], [result(item) for item in value.values()]
 
 
 def event(value: Event | str | None) -> str | None:
     """The event a todo points back to: a saved Event, or an event id (looked up before insert)."""
-    from switchboard_todos.models import Event
-
     if value is None:
         return None
+    from switchboard_todos.models import Event
+
     if isinstance(value, Event):
         if value._state.adding:
             raise InvalidTodo("event must be a saved Event (or its id); this one is not saved.")
@@ -355,6 +355,7 @@ CREATION_DEFAULTS: dict[str, Any] = {
     "event": None,
     "run_after": None,
 }
+_CREATION_ARGUMENTS = frozenset(CREATION_DEFAULTS)
 
 
 def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -364,34 +365,41 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
     `event_given_by_id` says whether the event was named by a str id, which the manager looks
     up before inserting (a saved Event needs no lookup).
     """
-    if not isinstance(spec, Mapping):
+    if type(spec) is not dict and not isinstance(spec, Mapping):  # dict first: ABCs are slow
         raise InvalidTodo(f"a todo must be a mapping of arguments, not {type(spec).__name__}.")
-    unknown = spec.keys() - CREATION_DEFAULTS.keys()
-    if unknown:
+    if not _CREATION_ARGUMENTS.issuperset(spec):
+        unknown = spec.keys() - _CREATION_ARGUMENTS
         raise InvalidTodo(f"unknown arguments: {', '.join(sorted(map(repr, unknown)))}.")
-    arg = {**CREATION_DEFAULTS, **spec}
-    checked_kind = kind(arg["kind"])
-    title = arg["title"]
+    get = spec.get
+    checked_kind = kind(get("kind", ""))
+    title = get("title", "")
     checked_title = title if title == "" else text(title, "title", TITLE_MAX_LENGTH)
     if not checked_kind and not checked_title.strip():
         raise InvalidTodo("A todo needs a kind or a title; both are empty.")
-    source, attempts, given_event = arg["source"], arg["max_attempts"], arg["event"]
+    source, key, holder, attempts, given_event, after = (
+        get("source", ""),
+        get("idempotency_key"),
+        get("assignee"),
+        get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+        get("event"),
+        get("run_after"),
+    )
     return {
-        "queue": queue(arg["queue"]),
+        "queue": queue(get("queue", "default")),
         "kind": checked_kind,
         "title": checked_title,
-        "payload": payload(arg["payload"]),
+        "payload": payload(get("payload")),
         "source": source if source == "" else text(source, "source", SOURCE_MAX_LENGTH),
-        "idempotency_key": idempotency_key(arg["idempotency_key"]),
-        "assignee": assignee(arg["assignee"]),
+        "idempotency_key": None if key is None else idempotency_key(key),
+        "assignee": None if holder is None else assignee(holder),
         "max_attempts": (
             attempts
             if attempts == DEFAULT_MAX_ATTEMPTS and type(attempts) is int
             else whole_number(attempts, "max_attempts", 1, MAX_ATTEMPTS_LIMIT)
         ),
-        "event_id": event(given_event),
+        "event_id": None if given_event is None else event(given_event),
         "event_given_by_id": isinstance(given_event, str),
-        "run_after": run_after(arg["run_after"]),
+        "run_after": None if after is None else run_after(after),
     }
 
 
