@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 PIP_CONSTRAINT ?=
 # Runs a command with one database for it and its children: DATABASE_URL, else the local server,
 # else an embedded PostgreSQL that is stopped and deleted when the command ends.
-WITH_DATABASE = $(BIN)/python -m example_project.database run --
+WITH_DATABASE = $(BIN)/python -m devtools.database run --
 
 .PHONY: demo demo-crash test lint typecheck pytest suite bench clean
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from example_project.database import free_port
+from devtools.database import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db.models.functions import Now
 
-from example_project.processes import Child, Children, Console, database_in_words
+from devtools.processes import Child, Children, Console, database_in_words
 from switchboard_todos.models import State, Todo
 from switchboard_todos.shutdown import Shutdown
 

@@ -1,7 +1,7 @@
 """`manage.py demo`: the whole product running from one command (docs/demo.md).
 
 It migrates, makes a local admin user, and starts the web server, the workers and the reaper
-as child processes (`processes.py`). Then it seeds todos and django.tasks tasks, and sends
+as child processes (`devtools/processes.py`). Then it seeds todos and django.tasks tasks, and sends
 signed webhook deliveries, repeats included, through the running server. Until Ctrl-C or
 SIGTERM, it reports how each of them ended. Stopping ends every child cleanly: the workers
 finish the todos in hand first.
@@ -17,7 +17,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.admin.utils import quote
@@ -25,11 +26,15 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import DatabaseError, connection
 
+from devtools.processes import Child, Children, Console, database_in_words
 from example_project import tasks, webhooks
-from example_project.processes import Child, Children, Console, database_in_words
-from switchboard_todos.compat import task_backends
 from switchboard_todos.models import State, Todo
 from switchboard_todos.shutdown import Shutdown
+
+if TYPE_CHECKING or find_spec("django.tasks") is not None:
+    from django.tasks import task_backends
+else:  # Django 5.2: the backport
+    from django_tasks import task_backends
 
 ADMIN_USER = "demo"
 TODOS_PATH = "/admin/switchboard_todos/todo/"

@@ -7,6 +7,7 @@ variable, and a production set that passes `manage.py check --deploy`.
 
 from __future__ import annotations
 
+import os
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -14,7 +15,6 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
-from example_project.database import ensure_database_url
 from switchboard_todos.conf import DEFAULTS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -49,7 +49,13 @@ SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
 USE_TZ = True
 TIME_ZONE = "UTC"
 
-DATABASES = {"default": env.db_url_config(ensure_database_url())}
+if not os.environ.get("DATABASE_URL"):
+    # Local development in this repository only: the local server or a throwaway one
+    # (devtools/database.py, docs/example.md). A deployment sets DATABASE_URL.
+    from devtools.database import ensure_database_url
+
+    ensure_database_url()
+DATABASES = {"default": env.db_url("DATABASE_URL")}
 
 # Inbound webhooks (example_project/webhooks.py): WEBHOOK_SECRETS=github=s3cret,shop=0ther
 # gives each source its HMAC secret; a source without one answers 404.

@@ -2,8 +2,8 @@
 
 The TASKS setting points at `switchboard_todos.backends.TodoBackend`, so these get what todos
 get: a lease, retries with backoff, a dead letter after `max_attempts`, the admin's requeue
-(docs/tasks.md). In a project of your own, import `task` from `django.tasks` (Django 6.0+) or
-`django_tasks` (the backport, on Django 5.2); `switchboard_todos.compat` picks the one present.
+(docs/tasks.md). `task` comes from `django.tasks` on Django 6.0+, and from `django_tasks` (the
+backport) on Django 5.2; a project on one Django version imports from its one package.
 
     result = count_words.enqueue("the text")
     result.refresh()  # after a worker ran it
@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
 
-from switchboard_todos.compat import TaskContext, task
+if TYPE_CHECKING or find_spec("django.tasks") is not None:
+    from django.tasks import TaskContext, task
+else:  # Django 5.2: the backport
+    from django_tasks import TaskContext, task
 
 _WORD = re.compile(r"[\w']+")
 

@@ -23,10 +23,10 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
         return refused
     try:
         delivery = webhooks.parse(request, source)
+        received = webhooks.store(delivery)
     except webhooks.Rejected as rejected:
         logger.warning("Webhook from %r refused (%s): %s", source, rejected.status, rejected)
         return JsonResponse({"error": rejected.message}, status=rejected.status)
-    received = webhooks.store(delivery)
     logger.info(
         "Webhook %s %s from %r: todo %s",
         delivery.delivery_id,

@@ -9,6 +9,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Cast
 from django.utils.translation import gettext_lazy as _
 
+from switchboard_todos.events import EventManager
 from switchboard_todos.managers import TodoManager
 
 
@@ -69,6 +70,8 @@ class Event(models.Model):
     payload = models.JSONField(default=dict, db_default=models.Value({}, models.JSONField()))
     delivery_id = models.TextField(null=True, blank=True)
     received_at = models.DateTimeField(db_default=_now())
+
+    objects = EventManager()
 
     class Meta:
         db_table = "events"

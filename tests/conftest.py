@@ -14,14 +14,18 @@ from urllib.parse import quote
 
 import pytest
 from django.db import connection, connections
-from django.db.models.functions import Now
+from django.db.models import DateTimeField, Func
 
-from example_project import database
+from devtools import database
 from switchboard_todos.models import State, Todo
 
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: The transaction's start, the clock every guarded statement and the health numbers read. Django's
+#: Now() is the statement's, which under load runs seconds later inside the test's transaction.
+TRANSACTION_NOW = Func(template="now()", output_field=DateTimeField())
 
 #: What each state needs to be a state the transitions can produce.
 _STATE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -33,7 +37,7 @@ _STATE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def pytest_report_header() -> str:
-    """Name the server under test, and how example_project/database.py chose it."""
+    """Name the server under test, and how devtools/database.py chose it."""
     from django.conf import settings
 
     server = settings.DATABASES["default"]
@@ -61,15 +65,15 @@ def make_todo(db: None) -> Callable[..., Todo]:
         lease_expires_in = lease_expires_in if lease_expires_in is not None else default_lease
         values: dict[str, Any] = {"kind": "test.kind", **defaults, **fields, "state": state}
         if state == State.CLAIMED:
-            values.setdefault("claimed_at", Now())
+            values.setdefault("claimed_at", TRANSACTION_NOW)
         if state in (State.DONE, State.FAILED):
-            values.setdefault("completed_at", Now())
+            values.setdefault("completed_at", TRANSACTION_NOW)
         if lease_expires_in is not None:
-            values["lease_expires_at"] = Now() + lease_expires_in
+            values["lease_expires_at"] = TRANSACTION_NOW + lease_expires_in
         if next_retry_in is not None:
-            values["next_retry_at"] = Now() + next_retry_in
+            values["next_retry_at"] = TRANSACTION_NOW + next_retry_in
         if created_ago is not None:
-            values["created_at"] = Now() - created_ago
+            values["created_at"] = TRANSACTION_NOW - created_ago
         todo = Todo.objects.create(**values)
         todo.refresh_from_db()
         return todo

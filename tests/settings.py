@@ -6,7 +6,7 @@ from importlib.util import find_spec
 
 import environ
 
-from example_project.database import ensure_database_url
+from devtools.database import ensure_database_url
 
 env = environ.Env()
 

@@ -24,6 +24,7 @@ MakeTodo = Callable[..., Todo]
 CHANGELIST = "/admin/switchboard_todos/todo/"
 HEALTH = "/admin/switchboard_todos/todo/health/"
 REQUEUE_ALL = "/admin/switchboard_todos/todo/requeue-dead-letters/"
+EVENTS = "/admin/switchboard_todos/event/"
 _usernames = (f"operator{n}" for n in itertools.count())
 
 
@@ -658,18 +659,73 @@ def test_requeue_all_needs_the_requeue_permission(
     assert Todo.objects.get().state == State.FAILED
 
 
+def test_requeue_all_needs_the_view_permission_too(
+    operator: Callable[..., Client], make_todo: MakeTodo
+) -> None:
+    """requeue_todo alone does not open the page: the list it acts on is not the user's to see."""
+    make_todo(state=State.FAILED)
+    blind = operator("requeue_todo")
+    assert blind.get(REQUEUE_ALL).status_code == 403
+    assert blind.post(REQUEUE_ALL).status_code == 403
+    assert Todo.objects.get().state == State.FAILED
+    assert operator("view_todo", "requeue_todo").post(REQUEUE_ALL).status_code == 302
+    assert Todo.objects.get().state == State.PENDING
+
+
+# NUL (0x00): PostgreSQL text cannot hold it, so no todo or event has one
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        CHANGELIST + "?queue=%00",
+        CHANGELIST + "?kind=a%00b",
+        CHANGELIST + "?assignee=%00",
+        CHANGELIST + "?state__exact=%00",
+        CHANGELIST + "?q=%00",
+        CHANGELIST + "?q=td_%00",
+        CHANGELIST + "?%00=1",
+        REQUEUE_ALL + "?queue=%00",
+        EVENTS + "?q=%00",
+    ],
+)
+def test_a_nul_in_a_filter_or_a_search_is_a_bad_request(
+    admin_client: Client, make_todo: MakeTodo, url: str
+) -> None:
+    make_todo()
+    assert admin_client.get(url).status_code == 400
+
+
+def test_a_nul_in_an_action_is_a_bad_request(admin_client: Client, make_todo: MakeTodo) -> None:
+    todo = make_todo(state=State.FAILED)
+    data = {"action": "requeue_selected", "index": "0", "_selected_action": [todo.pk, "td_\x00"]}
+    assert admin_client.post(CHANGELIST, data).status_code == 400
+    assert Todo.objects.get().state == State.FAILED
+
+
+@pytest.mark.parametrize("page", ["change", "history", "delete"])
+@pytest.mark.parametrize("model", ["todo", "event"])
+def test_a_nul_in_an_id_is_not_found(admin_client: Client, page: str, model: str) -> None:
+    assert admin_client.get(f"/admin/switchboard_todos/{model}/td_%00x/{page}/").status_code == 404
+
+
 # Queue health
 
 
 def test_the_health_page(admin_client: Client, make_todo: MakeTodo) -> None:
-    """Numbers per queue, a bar per queue, and links into the filtered list."""
-    # Factory times are per statement, the page's per transaction: keep clear of a boundary.
+    """Numbers per queue, a bar per queue, and links into the filtered list.
+
+    The page and the factory read the same clock, the transaction's: the ages are exact however
+    long after the transaction's start (here 0.6 s) the todos are made.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(0.6)")
     make_todo(queue="mail", created_ago=timedelta(minutes=3, seconds=30))
     make_todo(queue="mail", state=State.FAILED)
-    make_todo(queue="billing", state=State.CLAIMED, lease_expires_in=timedelta(seconds=-1))
+    make_todo(queue="billing", state=State.CLAIMED, lease_expires_in=timedelta(seconds=-0.5))
     page = admin_client.get(HEALTH).content.decode()
     assert "<svg" in page and "mail: 1 ready" in page and "billing: 1 lease expired" in page
-    assert "3 min" in page
+    assert "3 min 30 s" in page
     assert f'href="{CHANGELIST}?queue=mail&amp;attention=dead"' in page
 
 
@@ -709,9 +765,7 @@ def test_the_event_page_lists_its_todos(
         event = event_with(size)
         ContentType.objects.clear_cache()
         with CaptureQueriesContext(connection) as queries:
-            page = admin_client.get(
-                f"/admin/switchboard_todos/event/{quote(event.pk)}/change/"
-            ).content.decode()
+            page = admin_client.get(f"{EVENTS}{quote(event.pk)}/change/").content.decode()
         counts.append(len(queries))
         assert page.count("/admin/switchboard_todos/todo/td_") == size
     assert counts[0] == counts[1]
@@ -723,10 +777,6 @@ def test_events_are_searched_by_id_or_delivery(admin_client: Client, db: None) -
     event = Event.objects.create(source="s", kind="k", delivery_id="abc")
     Event.objects.create(source="s", kind="k", delivery_id="other")
     for term in (event.pk, "abc"):
-        shown = (
-            admin_client.get("/admin/switchboard_todos/event/", {"q": term})
-            .context["cl"]
-            .result_list
-        )
+        shown = admin_client.get(EVENTS, {"q": term}).context["cl"].result_list
         assert [e.pk for e in shown] == [event.pk]
-    assert admin_client.get("/admin/switchboard_todos/event/add/").status_code == 403
+    assert admin_client.get(f"{EVENTS}add/").status_code == 403

@@ -1,4 +1,4 @@
-"""The named SQL statements of `todos.sql`, loaded once at import."""
+"""The named SQL statements of `todos.sql` and `events.sql`, loaded once at import."""
 
 from __future__ import annotations
 
@@ -20,3 +20,4 @@ def parse(text: str) -> dict[str, str]:
 
 
 queries = parse(files(__package__).joinpath("todos.sql").read_text(encoding="utf-8"))
+event_queries = parse(files(__package__).joinpath("events.sql").read_text(encoding="utf-8"))

@@ -9,8 +9,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from devtools.processes import Console
 from example_project.demo import Demo, port_is_free
-from example_project.processes import Console
 from switchboard_todos.management.cli import positive_int
 
 MAX_WORKERS = 16

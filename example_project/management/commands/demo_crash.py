@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from devtools.processes import Console
 from example_project.crash import CrashDemo
-from example_project.processes import Console
 from switchboard_todos.management.cli import duration, positive_int
 
 

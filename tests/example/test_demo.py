@@ -18,20 +18,20 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from example_project import tasks
-from example_project.database import (
+from devtools.database import (
     CHOICE_VARIABLE,
     embedded_root,
     free_port,
     postgres_bindir,
     sweep,
 )
+from devtools.processes import Console
+from example_project import tasks
 from example_project.demo import Demo, Seeded
-from example_project.processes import Console
 from switchboard_todos.models import Event, State, Todo
 from switchboard_todos.shutdown import Shutdown
 from tests.conftest import ROOT
-from tests.test_database_default import running
+from tests.devtools.test_database import running
 from tests.test_worker import wait_until
 
 STARTED = re.compile(r"started (\S+) \(pid (\d+)\)")
@@ -212,7 +212,7 @@ def test_demo_on_the_embedded_database(
         SWITCHBOARD_LOCAL_POSTGRES=f"127.0.0.1:{free_port()}",
     )
     port = free_port()
-    wrapper = [sys.executable, "-m", "example_project.database", "run", "--"]
+    wrapper = [sys.executable, "-m", "devtools.database", "run", "--"]
     demo = start_demo([*wrapper, *manage("demo", "--port", str(port), "--no-seed")], env)
     try:
         said = demo.wait_for("demo     | database: a throwaway embedded PostgreSQL", timeout=120)

@@ -21,11 +21,11 @@ the process which asked for the server holds: when that process exits, however i
 clean exit also waits for that, so nothing is left running when `make test` returns. A keeper
 killed outright leaves its server behind; the next keeper to start stops and deletes it.
 
-    python -m example_project.database run -- COMMAND...
+    python -m devtools.database run -- COMMAND...
 
 runs COMMAND with the database chosen once for it and all its children (the Makefile's `test`
-and `demo`). This module is the example project's, not the reusable app's; it does not import
-Django, so the keeper starts quickly.
+and `demo`). This module is development tooling, not part of the reusable app or of the
+example a project copies; it does not import Django, so the keeper starts quickly.
 """
 
 from __future__ import annotations
@@ -436,7 +436,7 @@ def main(argv: list[str]) -> int:
         command = argv[2:] if argv[1:2] == ["--"] else argv[1:]
         if command:
             return run(command)
-    print("usage: python -m example_project.database run -- COMMAND...", file=sys.stderr)
+    print("usage: python -m devtools.database run -- COMMAND...", file=sys.stderr)
     return 2
 
 

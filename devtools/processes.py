@@ -24,8 +24,8 @@ from typing import TextIO
 
 from django.db import connection
 
-from example_project import database
-from example_project.database import BASE_DIR
+from devtools import database
+from devtools.database import BASE_DIR
 from switchboard_todos.shutdown import Shutdown
 
 MANAGE = BASE_DIR / "manage.py"
@@ -50,7 +50,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def database_in_words() -> str:
-    """Which database this process uses: as chosen (example_project/database.py) or given."""
+    """Which database this process uses: as chosen (devtools/database.py) or given."""
     chosen = database.chosen()
     if chosen:
         return chosen

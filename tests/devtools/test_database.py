@@ -19,8 +19,8 @@ import pytest
 from django.db import connection
 from psycopg import sql
 
-from example_project import database
-from example_project.database import (
+from devtools import database
+from devtools.database import (
     CHOICE_VARIABLE,
     FALLBACK_ROOT,
     NoDatabase,
@@ -44,7 +44,7 @@ print(json.dumps({"directory": directory, "pid": pid, "version": version}), flus
 """
 
 #: `make test`'s wrapper around a Python snippet: `[*RUN, "print(1)"]`.
-RUN = [sys.executable, "-m", "example_project.database", "run", "--", sys.executable, "-c"]
+RUN = [sys.executable, "-m", "devtools.database", "run", "--", sys.executable, "-c"]
 
 SYSTEM_BINDIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
 
@@ -242,7 +242,7 @@ def test_no_postgres_anywhere_is_a_clear_error(
 #: Run by a child process: ask for a database as settings do, report it, and stay.
 STARTER = f"""
 import os
-from example_project.database import ensure_database_url
+from devtools.database import ensure_database_url
 ensure_database_url()
 {REPORT}
 """

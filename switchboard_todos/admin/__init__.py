@@ -1,0 +1,15 @@
+"""The operator's admin: todos and events to look at, and permission-gated repairs.
+
+One module per role: `todos` (the list and detail pages), `actions` (the repairs), `health` and
+`chart` (the queue health page), `filters`, `pagination` and `dates` (what keeps the list fast at
+millions of rows), `display` (how stored JSON and histories are shown) and `events`.
+"""
+
+from __future__ import annotations
+
+from switchboard_todos.admin.dates import AdminTodoQuerySet
+from switchboard_todos.admin.events import EventAdmin
+from switchboard_todos.admin.pagination import EstimatedCountPaginator
+from switchboard_todos.admin.todos import TodoAdmin
+
+__all__ = ["AdminTodoQuerySet", "EstimatedCountPaginator", "EventAdmin", "TodoAdmin"]

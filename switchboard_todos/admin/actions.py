@@ -1,0 +1,310 @@
+"""The operator's repairs: requeue, expire a lease, dead-letter, as permission-gated actions.
+
+Every change of state calls the manager's guarded transitions in batches (so "all that match the
+filter" works at any size), writes one LogEntry per todo it changed, and tells the operator what
+it changed and what it refused, and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.formats import localize
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from switchboard_todos.admin.base import JSON_COLUMNS, TodoModelAdmin
+from switchboard_todos.admin.filters import active_filters
+from switchboard_todos.admin.pagination import capped_count
+from switchboard_todos.bulk import BATCH_SIZE, BulkOutcome, apply_in_batches
+from switchboard_todos.managers import BatchResult
+from switchboard_todos.models import State, Todo
+from switchboard_todos.validation import REASON_MAX_LENGTH
+
+#: Ids named in a refusal message, per reason; the rest are counted.
+IDS_SHOWN = 5
+
+# What each repair applies to and how it is offered: the operations' `needs` and the detail
+# page's REPAIRS state the same from-states as the guarded statements they run.
+
+
+@dataclass(frozen=True)
+class Operation:
+    """An operator action: the batch transition it runs and how it reports and logs."""
+
+    needs: State
+    """The state the operation applies to; with "select all", only those todos are walked."""
+    done: str
+    """Past tense, for the counts: "requeued"."""
+    run: Callable[[list[str]], BatchResult]
+    log: Callable[[Todo], str]
+    """The LogEntry message for one changed todo."""
+
+
+def _requeue_operation() -> Operation:
+    return Operation(
+        needs=State.FAILED,
+        done="requeued",
+        run=Todo.objects.requeue_many,
+        log=lambda todo: "Requeued: dead letter back to pending, attempts reset.",
+    )
+
+
+def _expire_operation() -> Operation:
+    return Operation(
+        needs=State.CLAIMED,
+        done="expired",
+        run=Todo.objects.expire_lease_many,
+        log=lambda todo: (
+            f"Expired the lease held by {todo.owner} "
+            f"(attempt {todo.attempt} of {todo.max_attempts})."
+        ),
+    )
+
+
+def _dead_letter_operation(reason: str) -> Operation:
+    return Operation(
+        needs=State.PENDING,
+        done="dead-lettered",
+        run=lambda ids: Todo.objects.dead_letter_many(ids, reason),
+        log=lambda todo: f"Dead-lettered (cancelled) while pending: {reason}",
+    )
+
+
+class DeadLetterForm(forms.Form):
+    reason = forms.CharField(
+        label=_("Reason"),
+        max_length=REASON_MAX_LENGTH,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text=_(
+            "Why these todos are cancelled. Kept in each todo's result and failure history."
+        ),
+    )
+
+
+#: The detail page's buttons: (state, permission flag, action, label, explanation).
+REPAIRS = [
+    (
+        State.FAILED,
+        "can_requeue",
+        "requeue_selected",
+        _("Requeue this dead letter"),
+        _("Back to pending with its attempts reset; workers will run it again"),
+    ),
+    (
+        State.CLAIMED,
+        "can_expire_lease",
+        "expire_lease_selected",
+        _("Expire its lease now"),
+        _("The reaper or the next claim takes it back from its worker"),
+    ),
+    (
+        State.PENDING,
+        "can_dead_letter",
+        "dead_letter_selected",
+        _("Dead-letter (cancel)…"),
+        _("Asks for a reason first"),
+    ),
+]
+
+
+class TodoActions(TodoModelAdmin):
+    """The todo admin's actions, the buttons that offer them, and the requeue-all page."""
+
+    #: No new batch starts after this many seconds of one action; the message says what is left.
+    action_time_limit = 20.0
+    #: Todos per guarded statement (and per LogEntry insert) when an action runs.
+    action_batch_size = BATCH_SIZE
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return self._has_todo_permission(request, "requeue_todo")
+
+    def has_expire_lease_permission(self, request: HttpRequest) -> bool:
+        return self._has_todo_permission(request, "expire_lease_todo")
+
+    def has_dead_letter_permission(self, request: HttpRequest) -> bool:
+        return self._has_todo_permission(request, "dead_letter_todo")
+
+    def _has_todo_permission(self, request: HttpRequest, codename: str) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    # Actions
+
+    @admin.action(
+        permissions=["requeue"],
+        description=_("Requeue selected dead letters (back to pending, attempts reset)"),
+    )
+    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
+        self.run_operation(request, queryset, _requeue_operation())
+
+    @admin.action(
+        permissions=["expire_lease"],
+        description=_("Expire the lease of selected claimed todos (they come back now)"),
+    )
+    def expire_lease_selected(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
+        self.run_operation(request, queryset, _expire_operation())
+
+    @admin.action(
+        permissions=["dead_letter"],
+        description=_("Dead-letter (cancel) selected pending todos…"),
+    )
+    def dead_letter_selected(
+        self, request: HttpRequest, queryset: QuerySet[Todo]
+    ) -> TemplateResponse | None:
+        form = DeadLetterForm(request.POST if "post" in request.POST else None)
+        if form.is_valid():
+            self.run_operation(
+                request, queryset, _dead_letter_operation(form.cleaned_data["reason"])
+            )
+            return None
+        pending = queryset.filter(state=State.PENDING)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Dead-letter (cancel) todos"),
+            "opts": self.opts,
+            "back": request.get_full_path(),
+            "form": form,
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "pending_count": capped_count(pending),
+            "other_count": capped_count(queryset.exclude(state=State.PENDING)),
+            "shown": list(pending.defer(*JSON_COLUMNS)[:100]),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(
+            request, "admin/switchboard_todos/todo/dead_letter_confirmation.html", context
+        )
+
+    def run_operation(
+        self, request: HttpRequest, queryset: QuerySet[Todo], operation: Operation
+    ) -> BulkOutcome:
+        """Apply `operation` to `queryset` in batches; log each change; report counts and refusals.
+
+        Picked rows all go to the operation, which says why it refused each one. With "select
+        all" (possibly millions), only the todos in the state the operation needs are walked.
+        """
+        if request.POST.get("select_across") == "1":
+            queryset = queryset.filter(state=operation.needs)
+        content_type = ContentType.objects.get_for_model(Todo, for_concrete_model=False)
+        user_id = cast(int, request.user.pk)
+
+        def log(result: BatchResult) -> None:
+            LogEntry.objects.bulk_create(
+                [
+                    LogEntry(
+                        user_id=user_id,
+                        content_type_id=content_type.pk,
+                        object_id=todo.pk,
+                        object_repr=str(todo)[:200],
+                        action_flag=CHANGE,
+                        change_message=operation.log(todo),
+                    )
+                    for todo in result.changed
+                ]
+            )
+
+        outcome = apply_in_batches(
+            queryset,
+            operation.run,
+            batch_size=self.action_batch_size,
+            time_limit=self.action_time_limit,
+            on_batch=log,
+        )
+        self.report(request, outcome, operation.done)
+        return outcome
+
+    def report(self, request: HttpRequest, outcome: BulkOutcome, done: str) -> None:
+        """Tell the operator the counts, each reason for a refusal, and whether todos are left."""
+        if outcome.changed:
+            message = ngettext(
+                "%(count)s todo %(done)s.", "%(count)s todos %(done)s.", outcome.changed
+            )
+            self.message_user(
+                request,
+                message % {"count": localize(outcome.changed), "done": done},
+                messages.SUCCESS,
+            )
+        elif not outcome.refused:
+            self.message_user(request, f"No todos {done}: none matched.", messages.WARNING)
+        for reason, ids in sorted(outcome.refused.items()):
+            listed = ", ".join(ids[:IDS_SHOWN])
+            if len(ids) > IDS_SHOWN:
+                listed += f" and {localize(len(ids) - IDS_SHOWN)} more"
+            self.message_user(
+                request, f"{localize(len(ids))} not {done}: {reason} ({listed}).", messages.WARNING
+            )
+        if outcome.unfinished:
+            self.message_user(
+                request,
+                f"Stopped after {self.action_time_limit:g} seconds with todos left: run it again "
+                "to go on, or use manage.py requeue_todos for very large sets.",
+                messages.WARNING,
+            )
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().changelist_view(
+            request, {**self._permissions(request), **(extra_context or {})}
+        )
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Todo | None = None,
+    ) -> HttpResponse:
+        """Offer, as buttons, the repairs the todo's state allows and the user may make."""
+        allowed = self._permissions(request)
+        context["repairs"] = [
+            (action, label, explanation)
+            for state, permission, action, label, explanation in REPAIRS
+            if obj is not None and obj.state == state and allowed[permission]
+        ]
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _permissions(self, request: HttpRequest) -> dict[str, bool]:
+        """Which repairs the user may make, for the templates' buttons and links."""
+        return {
+            "can_requeue": self.has_requeue_permission(request),
+            "can_expire_lease": self.has_expire_lease_permission(request),
+            "can_dead_letter": self.has_dead_letter_permission(request),
+        }
+
+    def requeue_all_view(self, request: HttpRequest) -> HttpResponse:
+        """Requeue every dead letter matching the list's current filters, after a confirmation.
+
+        Only for who may see that list: requeue_todo alone would requeue todos unseen.
+        """
+        if not (self.has_view_permission(request) and self.has_requeue_permission(request)):
+            raise PermissionDenied
+        changelist = self.get_changelist_instance(request)
+        dead = changelist.get_queryset(request).filter(state=State.FAILED)
+        back = reverse("admin:switchboard_todos_todo_changelist") + changelist.get_query_string()
+        if request.method == "POST":
+            self.run_operation(request, dead, _requeue_operation())
+            return HttpResponseRedirect(back)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Requeue all dead letters matching the filter"),
+            "opts": self.opts,
+            "count": capped_count(dead),
+            "filters": active_filters(changelist),
+            "back": back,
+        }
+        return TemplateResponse(request, "admin/switchboard_todos/todo/requeue_all.html", context)

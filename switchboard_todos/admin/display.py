@@ -1,0 +1,102 @@
+"""How the detail pages show what is stored: JSON, failure histories, links to events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib.admin.utils import quote
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.utils.formats import localize
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+FAILURE_COLUMNS = (
+    _("attempt"),
+    _("owner"),
+    _("claimed at"),
+    _("failed at"),
+    _("error type"),
+    _("message"),
+    _("details"),
+)
+
+
+def pretty_json(value: Any) -> SafeString:
+    """JSON indented and sorted, or a dash for NULL."""
+    if value is None:
+        return format_html("<p>{}</p>", "—")
+    return format_html(
+        '<pre class="switchboard-json">{}</pre>',
+        json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True),
+    )
+
+
+def event_link(event_id: str | None) -> SafeString | str:
+    """A link to an event's admin page from its id, without loading the event."""
+    if event_id is None:
+        return "—"
+    # The admin escapes "_" (and more) in ids in its URLs: "ev_40…" unescaped would be "ev@…".
+    url = reverse("admin:switchboard_todos_event_change", args=[quote(event_id)])
+    return format_html('<a href="{}">{}</a>', url, event_id)
+
+
+def failure_table(errors: Any) -> SafeString | str:
+    """A todo's failure history as a table, one row per failed or lapsed attempt."""
+    entries = [entry for entry in errors or [] if isinstance(entry, dict)]
+    if not entries:
+        return str(_("No failed attempts."))
+    rows = []
+    for entry in entries:
+        recorded = entry.get("error")
+        error: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+        rows.append(
+            (
+                entry.get("attempt", "—"),
+                entry.get("owner") or "—",
+                _when(entry.get("claimed_at")),
+                _when(entry.get("at")),
+                error.get("type") or "—",
+                error.get("message") or "",
+                _error_details(error),
+            )
+        )
+    header = format_html_join("", "<th scope='col'>{}</th>", [(c,) for c in FAILURE_COLUMNS])
+    body = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        rows,
+    )
+    return format_html(
+        '<table class="switchboard-failures"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+        header,
+        body,
+    )
+
+
+def _error_details(error: dict[str, Any]) -> SafeString | str:
+    """The traceback, folded, then any fields of the error beyond type, message and traceback."""
+    extra = {k: v for k, v in error.items() if k not in ("type", "message", "traceback")}
+    details: SafeString | str = (
+        format_html(
+            "<details><summary>{}</summary><pre>{}</pre></details>",
+            _("traceback"),
+            error["traceback"],
+        )
+        if error.get("traceback")
+        else ""
+    )
+    if extra:
+        details += pretty_json(extra)
+    return details
+
+
+def _when(value: Any) -> str:
+    """A timestamp from the failure history (ISO text in the JSON), in the admin's zone."""
+    moment = parse_datetime(value) if isinstance(value, str) else None
+    if moment is None:
+        return "—" if value is None else str(value)
+    return str(localize(timezone.localtime(moment)))

@@ -1,0 +1,32 @@
+"""The queue health page: per-queue counts and a chart of them, from partial indexes only."""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.translation import gettext_lazy as _
+
+from switchboard_todos import stats
+from switchboard_todos.admin.base import TodoModelAdmin
+from switchboard_todos.admin.chart import HealthChart
+
+
+class HealthPage(TodoModelAdmin):
+    """The todo admin's health page, for anyone who may view todos."""
+
+    def health_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        rows = stats.queue_health()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Queue health"),
+            "opts": self.opts,
+            "back": reverse("admin:switchboard_todos_todo_changelist"),
+            "rows": rows,
+            "chart": HealthChart(rows),
+            "now": stats.database_now(),
+        }
+        return TemplateResponse(request, "admin/switchboard_todos/todo/health.html", context)

@@ -1,0 +1,241 @@
+"""The todo list and detail pages: read-only, fast at millions of rows.
+
+The list never counts the whole table, its filters' choices come from index skip scans or bounded
+reads, and its searches use an index (see `Todo.Meta.indexes`). Changes are actions (actions.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, QuerySet
+from django.db.models.functions import Now
+from django.http import HttpRequest
+from django.urls import URLPattern, path
+from django.utils import timezone
+from django.utils.formats import localize
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+
+from switchboard_todos.admin.actions import TodoActions
+from switchboard_todos.admin.base import JSON_COLUMNS, ReadOnly, RefusesNul
+from switchboard_todos.admin.dates import AdminTodoQuerySet
+from switchboard_todos.admin.display import event_link, failure_table, pretty_json
+from switchboard_todos.admin.filters import AssigneeFilter, AttentionFilter, KindFilter, QueueFilter
+from switchboard_todos.admin.health import HealthPage
+from switchboard_todos.admin.pagination import EstimatedCountPaginator
+from switchboard_todos.models import State, Todo
+
+#: A todo id as the app and the Go service make them; searched by primary key alone.
+TODO_ID = re.compile(r"td_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+class TodoChangeList(ChangeList):
+    """The todo list, without the JSON columns it does not show."""
+
+    def get_queryset(
+        self, request: HttpRequest, exclude_parameters: list[str | None] | None = None
+    ) -> QuerySet[Any]:
+        return super().get_queryset(request, exclude_parameters).defer(*JSON_COLUMNS)
+
+
+@admin.register(Todo)
+class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
+    """Todos, read-only; requeue, expire-lease and dead-letter as gated actions."""
+
+    list_display = [
+        "short_id",
+        "queue",
+        "kind",
+        "short_title",
+        "state",
+        "owner",
+        "attempts",
+        "lease_or_retry",
+        "created_at",
+    ]
+    list_filter = ["state", AttentionFilter, QueueFilter, KindFilter, AssigneeFilter]
+    date_hierarchy = "created_at"
+    search_fields = ["=id"]
+    search_help_text = _(
+        "A todo id (td_…), or an idempotency key or the owner of a claimed todo, matched "
+        "exactly; anything else is looked for in titles, which reads every todo (slow)."
+    )
+    list_per_page = 100
+    # Newest first, NULLS LAST: the order idx_todos_created and idx_todos_queue are built in.
+    ordering = [F("created_at").desc(nulls_last=True)]
+    show_full_result_count = False
+    # Facets count every filter choice over the whole list on each page view.
+    show_facets = admin.ShowFacets.NEVER
+    paginator = EstimatedCountPaginator
+    actions = ["requeue_selected", "expire_lease_selected", "dead_letter_selected"]
+    fieldsets = [
+        (
+            _("What"),
+            {
+                "fields": [
+                    "id",
+                    "queue",
+                    "kind",
+                    "title",
+                    "source",
+                    "event_link",
+                    "idempotency_key",
+                    "assignee",
+                ]
+            },
+        ),
+        (
+            _("Lifecycle"),
+            {
+                "description": _(
+                    "Pending until a worker claims it; a claim holds a lease until "
+                    "“lease expires”, renewed by heartbeats. A lapsed lease is taken back by "
+                    "the reaper or the next claim. A failed attempt waits until “next retry”; "
+                    "after the last attempt the todo is failed: a dead letter."
+                ),
+                "fields": [
+                    "state_explained",
+                    "owner",
+                    "attempts",
+                    "lease_expires_at",
+                    "next_retry_at",
+                    "created_at",
+                    "claimed_at",
+                    "updated_at",
+                    "completed_at",
+                ],
+            },
+        ),
+        (_("Input and outcome"), {"fields": ["payload_json", "result_json"]}),
+        (
+            _("Failure history"),
+            {
+                "description": _(
+                    "One row per failed or lapsed attempt, oldest first, as recorded by fail, "
+                    "the reaper, a claim that took over a lapsed lease, or an operator's cancel."
+                ),
+                "fields": ["failure_history"],
+            },
+        ),
+    ]
+
+    class Media:
+        css = {"all": ["switchboard_todos/admin.css"]}
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Todo | None = None) -> list[str]:
+        return flatten_fieldsets(self.fieldsets or [])
+
+    # Queries
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Todo]:
+        lapsed = ExpressionWrapper(Q(lease_expires_at__lte=Now()), output_field=BooleanField())
+        queryset = AdminTodoQuerySet(Todo, using=Todo.objects.db).annotate(lease_lapsed=lapsed)
+        return queryset.order_by(*self.get_ordering(request))
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TodoChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Todo], search_term: str
+    ) -> tuple[QuerySet[Todo], bool]:
+        """Exact, indexed matches first (id, key, owner); titles only when those find nothing."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if TODO_ID.fullmatch(term):
+            return queryset.filter(pk=term), False
+        exact = queryset.filter(Q(idempotency_key=term) | Q(state=State.CLAIMED, owner=term))
+        if " " not in term and exact.exists():
+            return exact, False
+        for word in term.split():
+            queryset = queryset.filter(title__icontains=word)
+        return queryset, False
+
+    # List columns
+
+    @admin.display(description=_("id"), ordering="id")
+    def short_id(self, todo: Todo) -> SafeString:
+        """The id's first hex digits, enough to tell todos apart; the full id is the tooltip."""
+        return format_html('<span title="{}">{}…</span>', todo.id, todo.id[:11])
+
+    @admin.display(description=_("title"), ordering="title")
+    def short_title(self, todo: Todo) -> str:
+        return Truncator(todo.title).chars(80)
+
+    @admin.display(description=_("attempt"))
+    def attempts(self, todo: Todo) -> str:
+        return f"{todo.attempt} of {todo.max_attempts}"
+
+    @admin.display(description=_("lease expires / next retry"))
+    def lease_or_retry(self, todo: Todo) -> SafeString | str:
+        if todo.state == State.CLAIMED and todo.lease_expires_at is not None:
+            if getattr(todo, "lease_lapsed", False):
+                return format_html(
+                    "<strong>{}</strong> {}",
+                    _("expired"),
+                    localize(timezone.localtime(todo.lease_expires_at)),
+                )
+            return format_html(
+                "{} {}", _("lease until"), localize(timezone.localtime(todo.lease_expires_at))
+            )
+        if todo.state == State.PENDING and todo.next_retry_at is not None:
+            return format_html(
+                "{} {}", _("retry at"), localize(timezone.localtime(todo.next_retry_at))
+            )
+        return "—"
+
+    # Detail fields
+
+    @admin.display(description=_("event"))
+    def event_link(self, todo: Todo) -> SafeString | str:
+        return event_link(todo.event_id)
+
+    @admin.display(description=_("state"))
+    def state_explained(self, todo: Todo) -> str:
+        meaning = {
+            State.PENDING: _("waiting for a worker to claim it"),
+            State.CLAIMED: _("a worker holds it under a lease"),
+            State.DONE: _("completed; the result is below"),
+            State.FAILED: _(
+                "dead letter: it failed its last attempt or was cancelled. An operator can "
+                "requeue it from the list (action “Requeue selected dead letters”)."
+            ),
+        }[State(todo.state)]
+        return f"{State(todo.state).label} — {meaning}"
+
+    @admin.display(description=_("payload"))
+    def payload_json(self, todo: Todo) -> SafeString:
+        return pretty_json(todo.payload)
+
+    @admin.display(description=_("result (or the last error)"))
+    def result_json(self, todo: Todo) -> SafeString:
+        return pretty_json(todo.result)
+
+    @admin.display(description=_("failed attempts"))
+    def failure_history(self, todo: Todo) -> SafeString | str:
+        return failure_table(todo.errors)
+
+    # Extra pages
+
+    def get_urls(self) -> list[URLPattern]:
+        app, model = self.opts.app_label, self.opts.model_name
+        return [
+            path(
+                "health/",
+                self.admin_site.admin_view(self.health_view),
+                name=f"{app}_{model}_health",
+            ),
+            path(
+                "requeue-dead-letters/",
+                self.admin_site.admin_view(self.requeue_all_view),
+                name=f"{app}_{model}_requeue_all",
+            ),
+            *super().get_urls(),
+        ]
