@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from switchboard_todos import validation
+from switchboard_todos.events import EventManager
 from switchboard_todos.exceptions import InvalidTodo, TodoError
 from switchboard_todos.managers import TodoManager
 from switchboard_todos.models import Event, State, Todo
@@ -235,6 +236,15 @@ METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "reason": st.just("stop"),
     },
 }
+#: Event.objects' own methods, held to the same property.
+EVENT_METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
+    "record": {
+        "source": st.just("github"),
+        "kind": st.just("push"),
+        "payload": st.dictionaries(ANY_TEXT, JSON, max_size=3),
+        "delivery_id": st.sampled_from([None, "d-1", "d-2"]),
+    },
+}
 #: Hostile values that need a shape of their own: ids inside collections, waits that block.
 HOSTILE_FOR = {
     "todos": st.lists(SPEC, max_size=3) | HOSTILE,
@@ -245,22 +255,27 @@ HOSTILE_FOR = {
 }
 
 
-def public_methods() -> set[str]:
-    """The transitions TodoManager adds to Django's manager."""
+def public_methods(manager: type) -> set[str]:
+    """The methods a manager adds to Django's."""
     return {
         name
-        for name, member in vars(TodoManager).items()
+        for name, member in vars(manager).items()
         if not name.startswith("_") and callable(member)
     }
 
 
-def test_the_property_covers_every_public_method() -> None:
-    """A new method must join METHODS (or be the async twin of one), with every argument."""
-    for name in public_methods():
-        sync_name = name[1:] if name.startswith("a") and name[1:] in METHODS else name
-        assert sync_name in METHODS, f"{name} is not exercised by the property test"
-        parameters = inspect.signature(getattr(TodoManager, sync_name)).parameters
-        assert set(parameters) - {"self"} == set(METHODS[sync_name]), sync_name
+@pytest.mark.parametrize(
+    ("manager", "methods"), [(TodoManager, METHODS), (EventManager, EVENT_METHODS)]
+)
+def test_the_property_covers_every_public_method(
+    manager: type, methods: dict[str, dict[str, Any]]
+) -> None:
+    """A new method must join the property (or be the async twin of one), with every argument."""
+    for name in public_methods(manager):
+        sync_name = name[1:] if name.startswith("a") and name[1:] in methods else name
+        assert sync_name in methods, f"{name} is not exercised by the property test"
+        parameters = inspect.signature(getattr(manager, sync_name)).parameters
+        assert set(parameters) - {"self"} == set(methods[sync_name]), sync_name
 
 
 def table_state() -> tuple[Any, ...]:
@@ -284,7 +299,7 @@ def one_todo_per_state(make_todo: MakeTodo) -> Iterator[None]:
     yield
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [*METHODS, *(f"Event.{name}" for name in EVENT_METHODS)])
 @settings(
     max_examples=50,
     deadline=None,
@@ -297,7 +312,10 @@ def test_any_input_gets_success_or_a_typed_error(
     one_todo_per_state: None, method: str, data: st.DataObject
 ) -> None:
     """Success, or a TodoError that wrote nothing and ran no write before it was raised."""
-    usable = METHODS[method]
+    manager, name = (
+        (Event.objects, method[6:]) if method.startswith("Event.") else (Todo.objects, method)
+    )
+    usable = (EVENT_METHODS if manager is Event.objects else METHODS)[name]
     hostile = data.draw(st.sampled_from([*usable, None]), label="hostile argument")
     arguments = {
         name: data.draw(HOSTILE_FOR.get(name, HOSTILE) if name == hostile else strategy, name)
@@ -307,7 +325,7 @@ def test_any_input_gets_success_or_a_typed_error(
         before = table_state()
         try:
             with CaptureQueriesContext(connection) as queries:
-                getattr(Todo.objects, method)(**arguments)
+                getattr(manager, name)(**arguments)
         except InvalidTodo:
             assert all(query["sql"].lstrip().startswith("SELECT") for query in queries)
             assert table_state() == before
