@@ -44,6 +44,7 @@ from switchboard_todos.compat import (
 from switchboard_todos.exceptions import InvalidTodo, LeaseExpired
 from switchboard_todos.handlers import TASKS_SOURCE
 from switchboard_todos.models import State, Todo
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     # Django's own Task and TaskResult are not generic at run time, only in django-stubs.
@@ -54,7 +55,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: OPTIONS and their defaults.
-OPTIONS = {"max_attempts": 5}
+OPTIONS = {"max_attempts": DEFAULT_MAX_ATTEMPTS}
 
 STATUS = {
     State.PENDING: TaskResultStatus.READY,

@@ -2,7 +2,8 @@
 
 Each method has the same three beats: validate the input (raising InvalidTodo before anything
 is written), run the operation's one statement from `sql/todos.sql`, and when the guard
-matched no row, say why (`_classify_miss`: TodoNotFound or TodoConflict).
+matched no row, say why (`_classify_miss`: TodoNotFound, or TodoConflict in the words of the
+operation's row in `transitions.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.listen import BlockingClaim
 from switchboard_todos.sql import queries
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS
 from switchboard_todos.validation import Seconds
 
 if TYPE_CHECKING:
@@ -85,7 +87,7 @@ class TodoManager(models.Manager["Todo"]):
         source: str = "",
         idempotency_key: str | None = None,
         assignee: str | None = None,
-        max_attempts: int = validation.DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         event: Event | str | None = None,
         run_after: datetime | None = None,
     ) -> tuple[Todo, bool]:
@@ -257,22 +259,7 @@ class TodoManager(models.Manager["Todo"]):
 
         With `wait`, block until at least one is claimable or `wait` has passed.
         """
-        params = validation.arguments(queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait)
-        seconds = params.pop("wait")
-        claimed = self._claim(params)
-        if claimed or not seconds:
-            return claimed
-        waiting = BlockingClaim(self._db_alias, params["queues"], seconds, listen=conf.LISTEN)
-        waiting.start()
-        try:
-            while True:
-                claimed = self._claim(params)
-                pause = waiting.pause()
-                if claimed or pause is None:
-                    return claimed
-                waiting.doorbell.wait(pause)
-        finally:
-            waiting.close()
+        return _run_now(self._claim_batch(_Blocking(self), queues, owner, ttl, limit, wait))
 
     async def aclaim_batch(
         self,
@@ -284,23 +271,7 @@ class TodoManager(models.Manager["Todo"]):
         wait: Seconds | None = None,
     ) -> list[Todo]:
         """Async twin of `claim_batch`; a blocking claim waits without holding a thread."""
-        params = validation.arguments(queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait)
-        seconds = params.pop("wait")
-        claim = sync_to_async(self._claim, thread_sensitive=True)
-        claimed = await claim(params)
-        if claimed or not seconds:
-            return claimed
-        waiting = BlockingClaim(self._db_alias, params["queues"], seconds, listen=conf.LISTEN)
-        await sync_to_async(waiting.start, thread_sensitive=False)()
-        try:
-            while True:
-                claimed = await claim(params)
-                pause = waiting.pause()
-                if claimed or pause is None:
-                    return claimed
-                await waiting.doorbell.await_ring(pause)
-        finally:
-            waiting.close()
+        return await self._claim_batch(_Suspending(self), queues, owner, ttl, limit, wait)
 
     async def aclaim_next(
         self,
@@ -313,6 +284,33 @@ class TodoManager(models.Manager["Todo"]):
         """Async twin of `claim_next`."""
         claimed = await self.aclaim_batch(queues, owner, ttl, limit=1, wait=wait)
         return claimed[0] if claimed else None
+
+    async def _claim_batch(
+        self,
+        io: _Blocking,
+        queues: str | Iterable[str],
+        owner: str,
+        ttl: Seconds,
+        limit: int,
+        wait: Seconds | None,
+    ) -> list[Todo]:
+        """`claim_batch` and its twin, one code: `io` claims, subscribes and waits, each its way."""
+        params = validation.arguments(queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait)
+        seconds = params.pop("wait")
+        claimed = await io.claim(params)
+        if claimed or not seconds:
+            return claimed
+        waiting = BlockingClaim(self._db_alias, params["queues"], seconds, listen=conf.LISTEN)
+        await io.start(waiting)
+        try:
+            while True:
+                claimed = await io.claim(params)
+                pause = waiting.pause()
+                if claimed or pause is None:
+                    return claimed
+                await io.ring(waiting, pause)
+        finally:
+            waiting.close()
 
     def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
         return [todo for todo, _ in self._run("claim_next", params)]
@@ -537,7 +535,8 @@ class TodoManager(models.Manager["Todo"]):
         changed_ids = {todo.id for todo in changed}
         missed = [todo_id for todo_id in ids if todo_id not in changed_ids]
         seen = self._seen(missed) if missed else {}
-        refused = {todo_id: _refusal_reason(operation, seen.get(todo_id)) for todo_id in missed}
+        refusal = TRANSITIONS[operation].refusal
+        refused = {todo_id: refusal(seen.get(todo_id)) for todo_id in missed}
         return BatchResult(changed=changed, refused=refused)
 
     def _classify_miss(self, operation: str, todo_id: str, owner: str | None) -> Todo:
@@ -546,7 +545,7 @@ class TodoManager(models.Manager["Todo"]):
         if seen is None:
             raise TodoNotFound(todo_id)
         raise TodoConflict(
-            _miss_message(operation, todo_id, owner, seen),
+            TRANSITIONS[operation].conflict(seen, owner),
             todo_id=todo_id,
             state=seen["state"],
             owner=seen["owner"],
@@ -570,6 +569,45 @@ class TodoManager(models.Manager["Todo"]):
     adead_letter_many = _async_twin(dead_letter_many)
 
 
+class _Blocking:
+    """How `claim_batch` claims and waits: on the calling thread. Its awaits never suspend."""
+
+    def __init__(self, manager: TodoManager) -> None:
+        self.manager = manager
+
+    async def claim(self, params: Mapping[str, Any]) -> list[Todo]:
+        return self.manager._claim(params)
+
+    async def start(self, waiting: BlockingClaim) -> None:
+        waiting.start()
+
+    async def ring(self, waiting: BlockingClaim, pause: float) -> None:
+        waiting.doorbell.wait(pause)
+
+
+class _Suspending(_Blocking):
+    """How `aclaim_batch` claims and waits: off the event loop, suspended while it waits."""
+
+    async def claim(self, params: Mapping[str, Any]) -> list[Todo]:
+        return await sync_to_async(self.manager._claim, thread_sensitive=True)(params)
+
+    async def start(self, waiting: BlockingClaim) -> None:
+        await sync_to_async(waiting.start, thread_sensitive=False)()
+
+    async def ring(self, waiting: BlockingClaim, pause: float) -> None:
+        await waiting.doorbell.await_ring(pause)
+
+
+def _run_now(coroutine: Coroutine[Any, Any, R]) -> R:
+    """The result of a coroutine none of whose awaits suspends, run on this thread."""
+    try:
+        coroutine.send(None)
+    except StopIteration as finished:
+        return finished.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise RuntimeError("A coroutine run synchronously suspended.")
+
+
 #: `enqueue_many`'s COPY columns: the table's name for each, and the value that leaves it to the
 #: database default.
 _ALWAYS = object()
@@ -581,7 +619,7 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
     "payload": ("payload", _ALWAYS),
     "event_id": ("event_id", None),
     "assignee": ("assignee", None),
-    "max_attempts": ("max_attempts", validation.DEFAULT_MAX_ATTEMPTS),
+    "max_attempts": ("max_attempts", DEFAULT_MAX_ATTEMPTS),
     "run_after": ("next_retry_at", None),
 }
 
@@ -589,57 +627,3 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
 def _constraint_name(error: IntegrityError) -> str | None:
     diag = getattr(error.__cause__, "diag", None)
     return getattr(diag, "constraint_name", None)
-
-
-def _miss_message(operation: str, todo_id: str, owner: str | None, seen: dict[str, Any]) -> str:
-    """Say, in the terms of the operation, why its guard matched no row."""
-    state, holder = seen["state"], seen["owner"]
-    if operation == "requeue":
-        if state != "failed":
-            return f"Todo {todo_id} is {state}; only failed (dead-lettered) todos can be requeued."
-        return (
-            f"Todo {todo_id} was not requeued: live todo {seen['live_twin']} holds idempotency "
-            f"key {seen['idempotency_key']!r} in queue {seen['queue']!r}."
-        )
-    if operation == "expire_lease":
-        return f"Todo {todo_id} is {state}; only claimed todos have a lease to expire."
-    if operation == "dead_letter":
-        return f"Todo {todo_id} is {state}; only pending todos can be dead-lettered."
-    if operation == "claim":
-        if seen["assignee"] is not None and seen["assignee"] != owner:
-            return (
-                f"Todo {todo_id} is assigned to {seen['assignee']!r}; {owner!r} may not claim it."
-            )
-        if state == "pending" and seen["waiting"]:
-            return f"Todo {todo_id} is waiting to be retried until {seen['next_retry_at']}."
-        if state == "claimed" and not seen["lease_lapsed"]:
-            return f"Todo {todo_id} is claimed by {holder!r} until {seen['lease_expires_at']}."
-        if state == "claimed":
-            return (
-                f"Todo {todo_id}'s lease lapsed on its last attempt "
-                f"({seen['attempt']} of {seen['max_attempts']}); the reaper dead-letters it."
-            )
-        return f"Todo {todo_id} is {state}; only pending todos can be claimed."
-    if state != "claimed":
-        return f"Todo {todo_id} is {state}, not claimed; {operation} needs it claimed by {owner!r}."
-    return f"Todo {todo_id} is claimed by {holder!r}, not by {owner!r}."
-
-
-#: Per operator operation: the state it needs, and how to say a todo is not in it.
-_OPERATOR_GUARDS = {
-    "requeue": ("failed", "not dead-lettered"),
-    "expire_lease": ("claimed", "not claimed"),
-    "dead_letter": ("pending", "not pending"),
-}
-
-
-def _refusal_reason(operation: str, seen: dict[str, Any] | None) -> str:
-    """Say briefly, without the id (so that refusals group), why a batch left a todo alone."""
-    if seen is None:
-        return "it does not exist"
-    needed, not_in_it = _OPERATOR_GUARDS[operation]
-    if seen["state"] != needed:
-        return f"it is {seen['state']}, {not_in_it}"
-    if operation == "requeue" and seen["live_twin"] is not None:
-        return "a live todo holds the same idempotency key"
-    return "it changed while the operation ran; try again"

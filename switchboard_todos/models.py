@@ -7,27 +7,12 @@ import uuid
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Cast
-from django.utils.translation import gettext_lazy as _
 
 from switchboard_todos.events import EventManager
 from switchboard_todos.managers import TodoManager
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, PERMISSIONS, State
 
-
-class State(models.TextChoices):
-    """Where a todo is in its life; the CHECK constraint on `todos.state` allows exactly these."""
-
-    PENDING = "pending", _("Pending")
-    """Waiting for a claim, and not claimable before `next_retry_at`. Left only by a claim."""
-
-    CLAIMED = "claimed", _("Claimed")
-    """Held by `owner` until `lease_expires_at`. Left by complete, fail, release, or the lease
-    lapsing (the reaper or the next claim scan)."""
-
-    DONE = "done", _("Done")
-    """Completed by its owner; `result` holds what it returned. Final: left only by purging."""
-
-    FAILED = "failed", _("Failed (dead letter)")
-    """Dead-lettered after `max_attempts` attempts. Left only by an operator's requeue."""
+__all__ = ["Event", "State", "Todo", "new_event_id", "new_todo_id"]
 
 
 def new_event_id() -> str:
@@ -120,7 +105,7 @@ class Todo(models.Model):
     owner = models.TextField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempt = models.IntegerField(db_default=0)
-    max_attempts = models.IntegerField(db_default=5)
+    max_attempts = models.IntegerField(db_default=DEFAULT_MAX_ATTEMPTS)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     errors = models.JSONField(db_default=models.Value([], models.JSONField()))
@@ -134,11 +119,7 @@ class Todo(models.Model):
     class Meta:
         db_table = "todos"
         ordering = ["-created_at"]
-        permissions = [
-            ("requeue_todo", "Can requeue dead-lettered todos"),
-            ("expire_lease_todo", "Can expire the lease of claimed todos"),
-            ("dead_letter_todo", "Can dead-letter pending todos"),
-        ]
+        permissions = [(codename, name) for codename, name in PERMISSIONS]
         constraints = [
             models.CheckConstraint(condition=Q(state__in=State.values), name="todos_state_check"),
             models.CheckConstraint(

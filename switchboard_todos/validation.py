@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from switchboard_todos.models import Event
@@ -51,7 +52,6 @@ MAX_WAIT = timedelta(minutes=15)
 #: recurses once per level: a value that nests near the interpreter's recursion limit could be
 #: stored, then fail to load in a worker whose stack is already deeper.
 MAX_JSON_DEPTH = 200
-DEFAULT_MAX_ATTEMPTS = 5
 
 _QUEUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 _NO_SPACE = re.compile(r"\S+")

@@ -81,6 +81,12 @@ def make_todo(db: None) -> Callable[..., Todo]:
     return make
 
 
+@pytest.fixture
+def gate(tmp_path: Path) -> dict[str, str]:
+    """Payload for the `test.gate` handler: it records its start, then waits for the gate file."""
+    return {"started": str(tmp_path / "started"), "gate": str(tmp_path / "gate")}
+
+
 def run_in_threads(count: int, target: Callable[[int], T]) -> list[T]:
     """Run target(0..count-1) at once, each thread on its own database connection.
 

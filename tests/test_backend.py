@@ -29,8 +29,7 @@ from switchboard_todos.handlers import TASKS_SOURCE
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker import Worker
 from tests import tasks
-
-MakeTodo = Callable[..., Todo]
+from tests.helpers import MakeTodo
 
 
 def with_options(**options: Any) -> override_settings:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
 
 from switchboard_todos.models import State, Todo
+from tests.helpers import MakeTodo
 
-MakeTodo = Callable[..., Todo]
 LAPSED = timedelta(seconds=-5)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 from switchboard_todos import listen
 from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.managers import _run_now
 from switchboard_todos.models import Todo
 
 
@@ -124,3 +126,13 @@ def test_async_twin_waits_without_a_thread(monkeypatch: pytest.MonkeyPatch) -> N
 def test_async_twin_returns_none_when_the_wait_ends() -> None:
     """Nothing arrives: the async claim returns an empty batch after the wait."""
     assert async_to_sync(Todo.objects.aclaim_batch)("default", "w1", 30, 3, wait=0.2) == []
+
+
+def test_the_blocking_claim_refuses_code_that_would_suspend() -> None:
+    """claim_batch runs aclaim_batch's code on its own thread: an await that suspends is a bug."""
+
+    async def suspends() -> None:
+        await asyncio.sleep(0)
+
+    with pytest.raises(RuntimeError, match="suspended"):
+        _run_now(suspends())

@@ -5,23 +5,16 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 
 import pytest
 
 from switchboard_todos.models import State, Todo
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Spawn = Callable[..., subprocess.Popen[str]]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def kill_while_holding(spawn: Spawn, todo: Todo) -> None:
@@ -41,7 +34,7 @@ def test_a_killed_workers_todo_is_requeued_by_the_reaper_and_completed_by_anothe
     kill_while_holding(spawn, todo)
     assert Todo.objects.get(pk=todo.pk).owner == "victim"
 
-    wait_for(lambda: Todo.objects.reap_expired().requeued == 1)
+    wait_until(lambda: Todo.objects.reap_expired().requeued == 1, "the reaper to requeue it")
     requeued = Todo.objects.get(pk=todo.pk)
     assert (requeued.state, requeued.owner, requeued.attempt) == (State.PENDING, None, 1)
 
@@ -69,7 +62,7 @@ def test_a_killed_workers_todo_is_taken_by_the_next_claim_without_a_reaper(
         claimed.extend(Todo.objects.claim_batch("crash", "w2", 30, limit=1))
         return bool(claimed)
 
-    wait_for(claim)
+    wait_until(claim, "a claim by the rescuer")
     assert (claimed[0].id, claimed[0].attempt) == (todo.id, 2)
 
 
@@ -78,7 +71,7 @@ def test_a_lease_that_lapses_on_the_last_attempt_is_dead_lettered(spawn: Spawn) 
     todo, _ = Todo.objects.create_todo(queue="crash", kind="k", max_attempts=1)
     kill_while_holding(spawn, todo)
 
-    wait_for(lambda: Todo.objects.reap_expired().dead_lettered == 1)
+    wait_until(lambda: Todo.objects.reap_expired().dead_lettered == 1, "a dead letter")
     dead = Todo.objects.get(pk=todo.pk)
     assert dead.state == State.FAILED
     assert dead.result is not None and dead.result["type"] == "LeaseExpired"

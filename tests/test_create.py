@@ -14,8 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from switchboard_todos import validation
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.models import Event, State, Todo
-
-MakeTodo = Callable[..., Todo]
+from tests.helpers import MakeTodo
 
 
 def test_create_todo_returns_the_new_pending_todo(db: None) -> None:

@@ -14,8 +14,8 @@ from django.core.management import CommandError, call_command
 
 from switchboard_todos import stats
 from switchboard_todos.models import State, Todo
+from tests.helpers import MakeTodo
 
-MakeTodo = Callable[..., Todo]
 Spawn = Callable[..., subprocess.Popen[str]]
 
 

@@ -14,8 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from switchboard_todos import validation
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.models import State, Todo
+from tests.helpers import MakeTodo, db_now
 
-MakeTodo = Callable[..., Todo]
 LAPSED = timedelta(seconds=-5)
 
 #: Every starting state an operator can meet, by name.
@@ -27,12 +27,6 @@ STARTING: dict[str, dict[str, Any]] = {
     "done": {"state": State.DONE},
     "failed": {"state": State.FAILED},
 }
-
-
-def db_now() -> Any:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
 
 
 def statements(queries: CaptureQueriesContext) -> list[str]:

@@ -16,8 +16,8 @@ from django.db.models.functions import Now
 from switchboard_todos import retention
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import queries
+from tests.helpers import MakeTodo
 
-MakeTodo = Callable[..., Todo]
 OLD = timedelta(days=31)
 
 

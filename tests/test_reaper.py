@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from io import StringIO
-from typing import Any
 
 import psycopg
 import pytest
@@ -26,8 +25,8 @@ from switchboard_todos.models import State, Todo
 from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
 from tests.conftest import database_url, run_in_threads
+from tests.helpers import MakeTodo, read_until
 
-MakeTodo = Callable[..., Todo]
 LAPSED = timedelta(seconds=-5)
 committed = pytest.mark.django_db(transaction=True)
 
@@ -293,20 +292,6 @@ def test_a_requested_stop_ends_the_loop_before_any_sweep() -> None:
         stop.request()
         totals = Reaper(interval=3600, shutdown=stop).run()
     assert totals.sweeps == 0
-
-
-def read_until(stream: Any, text: str, timeout: float = 60) -> list[str]:
-    """Read lines from a child's stream until one contains `text`; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    lines: list[str] = []
-    while time.monotonic() < deadline:
-        line = stream.readline()
-        if not line:
-            break
-        lines.append(line)
-        if text in line:
-            return lines
-    raise AssertionError(f"{text!r} not seen; got {lines!r}")
 
 
 @committed

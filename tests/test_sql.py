@@ -13,41 +13,77 @@ from django.db import connection
 import switchboard_todos
 from switchboard_todos import validation
 from switchboard_todos.models import State, Todo
-from switchboard_todos.sql import parse, queries
-
-#: The manager methods each statement backs (claim_batch shares claim_next's statement).
-STATEMENTS = {
-    "create_todo",
-    "create_many",
-    "claim_next",
-    "claim",
-    "heartbeat",
-    "complete",
-    "complete_many",
-    "fail",
-    "release",
-    "reap_expired",
-    "requeue",
-    "classify_miss",
-}
-
+from switchboard_todos.sql import SOURCE, parse, queries, written
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS
 
 PARAM = re.compile(r"%\((\w+)\)s")
 
 
 def test_every_statement_is_loaded_and_used() -> None:
-    """Each transition has its named statement, and no statement is dead code."""
-    assert set(queries) >= STATEMENTS
+    """Each transition has its named statement, and no statement or fragment is dead code."""
+    assert set(queries) >= set(TRANSITIONS) | {"classify_miss"}
     package = Path(switchboard_todos.__file__).parent
     source = "\n".join(path.read_text() for path in package.rglob("*.py"))
     for name in queries:
         assert f'"{name}"' in source, f"statement {name} is never run"
+    statements, fragments = written(SOURCE)
+    text = "\n".join([*statements.values(), *(fragment.body for fragment in fragments.values())])
+    for name in fragments:
+        assert re.search(r"\{\{" + name + r"\b", text), f"fragment {name} is never used"
 
 
 def test_parse_refuses_a_name_given_twice() -> None:
     """Two blocks with one name would silently shadow each other."""
     with pytest.raises(ValueError, match="'x' is defined twice"):
         parse("-- name: x\nSELECT 1;\n-- name: x\nSELECT 2;\n")
+    with pytest.raises(ValueError, match="'x' is defined twice"):
+        parse("-- fragment: x\n1\n-- name: x\nSELECT 2;\n")
+
+
+def test_fragments_are_composed_in_place() -> None:
+    """Values fill the parameters, fragments nest, and each line keeps its indentation."""
+    text = """
+-- fragment: entry(who, error)
+-- Documentation, not copied.
+jsonb_build_object(
+    'who', $who,
+    'error', $error, 'whom', $who)
+-- fragment: lapsed
+jsonb_build_object('type', 'LeaseExpired',
+    'message', 'lapsed, it did')
+-- name: x
+-- The contract line stays.
+SELECT {{entry(owner, {{lapsed}})}},
+       {{entry(f(a, 'b,c'), NULL)}};
+"""
+    assert parse(text) == {
+        "x": """-- The contract line stays.
+SELECT jsonb_build_object(
+    'who', owner,
+    'error', jsonb_build_object('type', 'LeaseExpired',
+        'message', 'lapsed, it did'), 'whom', owner),
+       jsonb_build_object(
+           'who', f(a, 'b,c'),
+           'error', NULL, 'whom', f(a, 'b,c'))"""
+    }
+
+
+@pytest.mark.parametrize(
+    ("statement", "error"),
+    [
+        ("SELECT {{nowhere}}", "Unknown SQL fragment 'nowhere'"),
+        ("SELECT {{one}}", "'one' takes \\('value',\\), given \\[\\]"),
+        ("SELECT {{one(1, 2)}}", "takes"),
+        ("SELECT {{one(1", "Unclosed"),
+        ("SELECT {{one(1,\n 2)}}", "one line"),
+        ("SELECT {{itself}}", "nest too deep"),
+    ],
+)
+def test_parse_refuses_a_bad_fragment_reference(statement: str, error: str) -> None:
+    """A reference that cannot be composed fails at load, never at the database."""
+    fragments = "-- fragment: one(value)\n$value\n-- fragment: itself\n{{itself}}\n"
+    with pytest.raises(ValueError, match=error):
+        parse(f"{fragments}-- name: x\n{statement}\n")
 
 
 def test_statements_are_valid_sql(db: None) -> None:
@@ -95,7 +131,7 @@ def test_raw_sql_insert_gets_every_default(db: None) -> None:
         todo_id = cursor.fetchone()[0]
     todo = Todo.objects.get(pk=todo_id)
     assert re.fullmatch(r"td_[0-9a-f-]{36}", todo.id)
-    assert (todo.state, todo.attempt, todo.max_attempts) == (State.PENDING, 0, 5)
+    assert (todo.state, todo.attempt, todo.max_attempts) == (State.PENDING, 0, DEFAULT_MAX_ATTEMPTS)
     assert (todo.payload, todo.errors) == ({}, [])
     assert todo.created_at is not None and todo.updated_at is not None
     assert Todo.objects.claim_next("raw", "w1", 30) == todo

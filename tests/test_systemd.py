@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 from switchboard_todos.models import State, Todo
 from switchboard_todos.units import PLACEHOLDERS, render, unit_files
 from tests.conftest import ROOT, database_url
-from tests.test_reaper import read_until
+from tests.helpers import read_until
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_systemd_analyze = pytest.mark.skipif(

@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos.exceptions import TodoConflict, TodoNotFound
 from switchboard_todos.models import State, Todo
+from tests.helpers import MakeTodo, db_now
 
-MakeTodo = Callable[..., Todo]
 LAPSED = timedelta(seconds=-5)
 
 
@@ -23,12 +23,6 @@ def assert_matches_database(todo: Todo) -> None:
     fresh = Todo.objects.get(pk=todo.pk)
     for field in Todo._meta.concrete_fields:
         assert getattr(todo, field.attname) == getattr(fresh, field.attname), field.name
-
-
-def db_now() -> Any:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
 
 
 # claim

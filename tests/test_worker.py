@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,17 +17,9 @@ from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker import Worker, WorkerStats, default_owner, error_detail
 from tests import worker_handlers  # noqa: F401 (registers the handlers)
+from tests.helpers import open_gate, started_lines, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Poll `condition` until it is truthy; fail the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
 
 
 class Background:
@@ -64,21 +55,6 @@ def background() -> Iterator[Callable[[Worker], Background]]:
     for running in started:
         running.worker.stop()
         running.thread.join(60)
-
-
-@pytest.fixture
-def gate(tmp_path: Path) -> dict[str, str]:
-    """Payload for the `test.gate` handler: it records its start, then waits for the gate file."""
-    return {"started": str(tmp_path / "started"), "gate": str(tmp_path / "gate")}
-
-
-def started_lines(gate: dict[str, str]) -> list[str]:
-    path = Path(gate["started"])
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def open_gate(gate: dict[str, str]) -> None:
-    Path(gate["gate"]).touch()
 
 
 def test_handlers_results_are_stored_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -18,56 +16,47 @@ from switchboard_todos.exceptions import LeaseExpired
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker import Worker
 from tests import tasks
-from tests.test_worker import open_gate, started_lines, wait_until
+from tests.helpers import OutputLines, open_gate, started_lines, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Spawn = Callable[..., "subprocess.Popen[str]"]
 
 
-class Child:
+class Child(OutputLines):
     """A `manage.py todo_worker` process whose log lines are collected as they come."""
 
     def __init__(self, spawn: Spawn, *args: str) -> None:
         self.process = spawn(
             "manage", "todo_worker", "--import-module", "tests.worker_handlers", *args
         )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line)
-
-    def logged(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
+        super().__init__(self.process.stderr)
 
     def signal(self, number: int) -> None:
         self.process.send_signal(number)
 
     def exit_code(self, timeout: float = 30) -> int:
         code = self.process.wait(timeout)
-        self._reader.join(5)
+        self.join_reader(5)
         return code
 
 
-@pytest.fixture
-def gate(tmp_path: Path) -> dict[str, str]:
-    return {"started": str(tmp_path / "started"), "gate": str(tmp_path / "gate")}
+def stopping(spawn: Spawn, gate: dict[str, str], *args: str) -> tuple[Todo, Child]:
+    """A worker sent SIGTERM while its handler runs a gated todo, once it says it is stopping."""
+    todo, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
+    child = Child(spawn, *args)
+    wait_until(lambda: started_lines(gate), "the handler to start")
+    child.signal(signal.SIGTERM)
+    wait_until(lambda: child.said("stopping; the todos in hand finish first"), "the stop")
+    return todo, child
 
 
 def test_first_sigterm_drains_and_exits_zero(spawn: Spawn, gate: dict[str, str]) -> None:
     """SIGTERM: no more claims, the running todo finishes and is stored, exit status 0."""
-    running, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
-    child = Child(spawn, "--concurrency", "2")
-    wait_until(lambda: started_lines(gate), "the handler to start")
-    child.signal(signal.SIGTERM)
-    wait_until(lambda: child.logged("stopping; the todos in hand finish first"), "the stop")
+    running, child = stopping(spawn, gate, "--concurrency", "2")
     later, _ = Todo.objects.create_todo(kind="test.noop")
     open_gate(gate)
-    assert child.exit_code() == 0, "".join(child.lines)
+    assert child.exit_code() == 0, child.output
     assert Todo.objects.get(pk=running.pk).state == State.DONE
     later.refresh_from_db()
     assert (later.state, later.claimed_at) == (State.PENDING, None)
@@ -75,13 +64,9 @@ def test_first_sigterm_drains_and_exits_zero(spawn: Spawn, gate: dict[str, str])
 
 def test_second_sigterm_releases_the_running_todo(spawn: Spawn, gate: dict[str, str]) -> None:
     """A second signal gives the running todo back (release, not fail) and exits 0 at once."""
-    todo, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
-    child = Child(spawn, "--owner", "first")
-    wait_until(lambda: started_lines(gate), "the handler to start")
-    child.signal(signal.SIGTERM)
-    wait_until(lambda: child.logged("stopping"), "the stop")
+    todo, child = stopping(spawn, gate, "--owner", "first")
     child.signal(signal.SIGINT)
-    assert child.exit_code() == 0, "".join(child.lines)
+    assert child.exit_code() == 0, child.output
     todo.refresh_from_db()
     assert (todo.state, todo.owner, todo.attempt, todo.errors) == (State.PENDING, None, 0, [])
     assert todo.next_retry_at is None
@@ -158,11 +143,11 @@ def test_terminated_connections_are_reopened_and_nothing_is_lost(spawn: Spawn) -
     assert Todo.objects.exclude(state=State.DONE).count() == 0
     child.signal(signal.SIGTERM)
     assert child.exit_code() == 0
-    assert child.logged("lost the database connection"), "".join(child.lines)
+    assert child.said("lost the database connection"), child.output
 
 
 def test_bad_arguments_are_usage_errors(spawn: Spawn) -> None:
     """Validation happens in argparse: a clear message and exit status 2, nothing claimed."""
     child = Child(spawn, "--concurrency", "0", "--queue", "bad queue")
     assert child.exit_code() == 2
-    assert child.logged("argument --concurrency: '0' must be 1 or more")
+    assert child.said("argument --concurrency: '0' must be 1 or more")

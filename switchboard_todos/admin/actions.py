@@ -30,24 +30,29 @@ from switchboard_todos.admin.filters import active_filters
 from switchboard_todos.admin.pagination import capped_count
 from switchboard_todos.bulk import BATCH_SIZE, BulkOutcome, apply_in_batches
 from switchboard_todos.managers import BatchResult
-from switchboard_todos.models import State, Todo
+from switchboard_todos.models import Todo
+from switchboard_todos.transitions import REPAIRS, TRANSITIONS, Repair, Transition
 from switchboard_todos.validation import REASON_MAX_LENGTH
 
 #: Ids named in a refusal message, per reason; the rest are counted.
 IDS_SHOWN = 5
 
-# What each repair applies to and how it is offered: the operations' `needs` and the detail
-# page's REPAIRS state the same from-states as the guarded statements they run.
+# What each repair applies to, who may make it and how it is offered come from its row in
+# transitions.py: the same from-states as the guarded statement it runs.
+
+
+def may_repair(request: HttpRequest, repair: Repair) -> bool:
+    """Whether the user holds the permission of `repair`."""
+    return request.user.has_perm(f"{Todo._meta.app_label}.{repair.permission}")
 
 
 @dataclass(frozen=True)
 class Operation:
     """An operator action: the batch transition it runs and how it reports and logs."""
 
-    needs: State
-    """The state the operation applies to; with "select all", only those todos are walked."""
-    done: str
-    """Past tense, for the counts: "requeued"."""
+    transition: Transition
+    """Its row: with "select all", only the todos in its from-states are walked."""
+    repair: Repair
     run: Callable[[list[str]], BatchResult]
     log: Callable[[Todo], str]
     """The LogEntry message for one changed todo."""
@@ -55,8 +60,7 @@ class Operation:
 
 def _requeue_operation() -> Operation:
     return Operation(
-        needs=State.FAILED,
-        done="requeued",
+        *REPAIRS["requeue"],
         run=Todo.objects.requeue_many,
         log=lambda todo: "Requeued: dead letter back to pending, attempts reset.",
     )
@@ -64,8 +68,7 @@ def _requeue_operation() -> Operation:
 
 def _expire_operation() -> Operation:
     return Operation(
-        needs=State.CLAIMED,
-        done="expired",
+        *REPAIRS["expire_lease"],
         run=Todo.objects.expire_lease_many,
         log=lambda todo: (
             f"Expired the lease held by {todo.owner} "
@@ -76,8 +79,7 @@ def _expire_operation() -> Operation:
 
 def _dead_letter_operation(reason: str) -> Operation:
     return Operation(
-        needs=State.PENDING,
-        done="dead-lettered",
+        *REPAIRS["dead_letter"],
         run=lambda ids: Todo.objects.dead_letter_many(ids, reason),
         log=lambda todo: f"Dead-lettered (cancelled) while pending: {reason}",
     )
@@ -94,32 +96,6 @@ class DeadLetterForm(forms.Form):
     )
 
 
-#: The detail page's buttons: (state, permission flag, action, label, explanation).
-REPAIRS = [
-    (
-        State.FAILED,
-        "can_requeue",
-        "requeue_selected",
-        _("Requeue this dead letter"),
-        _("Back to pending with its attempts reset; workers will run it again"),
-    ),
-    (
-        State.CLAIMED,
-        "can_expire_lease",
-        "expire_lease_selected",
-        _("Expire its lease now"),
-        _("The reaper or the next claim takes it back from its worker"),
-    ),
-    (
-        State.PENDING,
-        "can_dead_letter",
-        "dead_letter_selected",
-        _("Dead-letter (cancel)…"),
-        _("Asks for a reason first"),
-    ),
-]
-
-
 class TodoActions(TodoModelAdmin):
     """The todo admin's actions, the buttons that offer them, and the requeue-all page."""
 
@@ -128,17 +104,16 @@ class TodoActions(TodoModelAdmin):
     #: Todos per guarded statement (and per LogEntry insert) when an action runs.
     action_batch_size = BATCH_SIZE
 
+    # What `@admin.action(permissions=[name])` asks.
+
     def has_requeue_permission(self, request: HttpRequest) -> bool:
-        return self._has_todo_permission(request, "requeue_todo")
+        return may_repair(request, REPAIRS["requeue"][1])
 
     def has_expire_lease_permission(self, request: HttpRequest) -> bool:
-        return self._has_todo_permission(request, "expire_lease_todo")
+        return may_repair(request, REPAIRS["expire_lease"][1])
 
     def has_dead_letter_permission(self, request: HttpRequest) -> bool:
-        return self._has_todo_permission(request, "dead_letter_todo")
-
-    def _has_todo_permission(self, request: HttpRequest, codename: str) -> bool:
-        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+        return may_repair(request, REPAIRS["dead_letter"][1])
 
     # Actions
 
@@ -169,7 +144,7 @@ class TodoActions(TodoModelAdmin):
                 request, queryset, _dead_letter_operation(form.cleaned_data["reason"])
             )
             return None
-        pending = queryset.filter(state=State.PENDING)
+        pending = queryset.filter(state__in=TRANSITIONS["dead_letter"].from_states)
         context = {
             **self.admin_site.each_context(request),
             "title": _("Dead-letter (cancel) todos"),
@@ -179,7 +154,9 @@ class TodoActions(TodoModelAdmin):
             "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "select_across": request.POST.get("select_across", "0"),
             "pending_count": capped_count(pending),
-            "other_count": capped_count(queryset.exclude(state=State.PENDING)),
+            "other_count": capped_count(
+                queryset.exclude(state__in=TRANSITIONS["dead_letter"].from_states)
+            ),
             "shown": list(pending.defer(*JSON_COLUMNS)[:100]),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
@@ -196,7 +173,7 @@ class TodoActions(TodoModelAdmin):
         all" (possibly millions), only the todos in the state the operation needs are walked.
         """
         if request.POST.get("select_across") == "1":
-            queryset = queryset.filter(state=operation.needs)
+            queryset = queryset.filter(state__in=operation.transition.from_states)
         content_type = ContentType.objects.get_for_model(Todo, for_concrete_model=False)
         user_id = cast(int, request.user.pk)
 
@@ -222,7 +199,7 @@ class TodoActions(TodoModelAdmin):
             time_limit=self.action_time_limit,
             on_batch=log,
         )
-        self.report(request, outcome, operation.done)
+        self.report(request, outcome, operation.repair.done)
         return outcome
 
     def report(self, request: HttpRequest, outcome: BulkOutcome, done: str) -> None:
@@ -270,21 +247,17 @@ class TodoActions(TodoModelAdmin):
         obj: Todo | None = None,
     ) -> HttpResponse:
         """Offer, as buttons, the repairs the todo's state allows and the user may make."""
-        allowed = self._permissions(request)
         context["repairs"] = [
-            (action, label, explanation)
-            for state, permission, action, label, explanation in REPAIRS
-            if obj is not None and obj.state == state and allowed[permission]
+            (f"{transition.name}_selected", repair.label, repair.explanation)
+            for transition, repair in REPAIRS.values()
+            if obj is not None and obj.state in transition.from_states
+            if may_repair(request, repair)
         ]
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def _permissions(self, request: HttpRequest) -> dict[str, bool]:
         """Which repairs the user may make, for the templates' buttons and links."""
-        return {
-            "can_requeue": self.has_requeue_permission(request),
-            "can_expire_lease": self.has_expire_lease_permission(request),
-            "can_dead_letter": self.has_dead_letter_permission(request),
-        }
+        return {f"can_{name}": may_repair(request, repair) for name, (_, repair) in REPAIRS.items()}
 
     def requeue_all_view(self, request: HttpRequest) -> HttpResponse:
         """Requeue every dead letter matching the list's current filters, after a confirmation.
@@ -294,7 +267,7 @@ class TodoActions(TodoModelAdmin):
         if not (self.has_view_permission(request) and self.has_requeue_permission(request)):
             raise PermissionDenied
         changelist = self.get_changelist_instance(request)
-        dead = changelist.get_queryset(request).filter(state=State.FAILED)
+        dead = changelist.get_queryset(request).filter(state__in=TRANSITIONS["requeue"].from_states)
         back = reverse("admin:switchboard_todos_todo_changelist") + changelist.get_query_string()
         if request.method == "POST":
             self.run_operation(request, dead, _requeue_operation())

@@ -1,4 +1,7 @@
-"""The queue health page: per-queue counts and a chart of them, from partial indexes only."""
+"""The queue health page: per-queue counts and a chart of them, from partial indexes only.
+
+Below them, the repairs the user may make (transitions.py), each linked to the todos it applies to.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
 from switchboard_todos import stats
+from switchboard_todos.admin.actions import may_repair
 from switchboard_todos.admin.base import TodoModelAdmin
 from switchboard_todos.admin.chart import HealthChart
+from switchboard_todos.transitions import REPAIRS, State
 
 
 class HealthPage(TodoModelAdmin):
@@ -28,5 +33,11 @@ class HealthPage(TodoModelAdmin):
             "rows": rows,
             "chart": HealthChart(rows),
             "now": stats.database_now(),
+            "repairs": [
+                (State(state), repair)
+                for transition, repair in REPAIRS.values()
+                if may_repair(request, repair)
+                for state in sorted(transition.from_states)
+            ],
         }
         return TemplateResponse(request, "admin/switchboard_todos/todo/health.html", context)

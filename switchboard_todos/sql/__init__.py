@@ -1,23 +1,116 @@
-"""The named SQL statements of `todos.sql` and `events.sql`, loaded once at import."""
+"""The named SQL statements of `todos.sql` and `events.sql`, composed once at import.
+
+A block starts at `-- name: x` (a statement) or `-- fragment: x` / `-- fragment: x(a, b)` (a
+piece that statements share) and runs to the next such line. A statement writes
+`{{x}}` or `{{x(value, value)}}` where the fragment goes; in the fragment, `$a` stands for the
+value given for `a`. A fragment's leading comment lines document it and are not copied, and
+the lines after its first are indented as the line it goes into, so a statement composed from
+fragments reads, in logs and in pg_stat_statements, as if written out in full.
+"""
 
 from __future__ import annotations
 
 import re
 from importlib.resources import files
+from typing import NamedTuple
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_BLOCK = re.compile(r"^-- (name|fragment): (\w+)(?:\(([\w, ]*)\))?\s*$", re.MULTILINE)
+_REFERENCE = re.compile(r"(\w+)(?:\((.*)\))?", re.DOTALL)
+#: More nested fragments than this means one includes itself.
+_MAX_EXPANSIONS = 1000
+
+
+class Fragment(NamedTuple):
+    params: tuple[str, ...]
+    body: str
+
+
+def written(text: str) -> tuple[dict[str, str], dict[str, Fragment]]:
+    """Split a named-query file into its statements and fragments, as written (not composed)."""
+    parts = _BLOCK.split(text)
+    statements: dict[str, str] = {}
+    fragments: dict[str, Fragment] = {}
+    for kind, name, params, body in zip(*(parts[start::4] for start in (1, 2, 3, 4)), strict=True):
+        if name in statements or name in fragments:
+            raise ValueError(f"SQL statement {name!r} is defined twice.")
+        if kind == "name":
+            statements[name] = body.strip().rstrip(";")
+        else:
+            lines = body.strip().splitlines()
+            while lines and lines[0].startswith("--"):
+                lines.pop(0)
+            names = tuple(param.strip() for param in (params or "").split(",") if param.strip())
+            fragments[name] = Fragment(names, "\n".join(lines))
+    return statements, fragments
 
 
 def parse(text: str) -> dict[str, str]:
-    """Split a named-query file into {name: statement}; a name may appear only once."""
-    parts = _NAME.split(text)
-    statements: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in statements:
-            raise ValueError(f"SQL statement {name!r} is defined twice.")
-        statements[name] = body.strip().rstrip(";")
-    return statements
+    """{name: statement} of a named-query file, each statement composed from its fragments."""
+    statements, fragments = written(text)
+    return {name: compose(body, fragments) for name, body in statements.items()}
 
 
-queries = parse(files(__package__).joinpath("todos.sql").read_text(encoding="utf-8"))
+def compose(text: str, fragments: dict[str, Fragment]) -> str:
+    """`text` with each `{{fragment(values)}}` replaced, outermost first, until none is left."""
+    for _ in range(_MAX_EXPANSIONS):
+        start = text.find("{{")
+        if start < 0:
+            return text
+        end = _closing(text, start)
+        reference = _REFERENCE.fullmatch(text[start + 2 : end - 2].strip())
+        if reference is None or "\n" in reference.group(0):
+            raise ValueError(f"Bad fragment reference {text[start:end]!r}: one line, x(a, b).")
+        name, values = reference.group(1), _split(reference.group(2))
+        if name not in fragments:
+            raise ValueError(f"Unknown SQL fragment {name!r}.")
+        fragment = fragments[name]
+        if len(values) != len(fragment.params):
+            raise ValueError(f"SQL fragment {name!r} takes {fragment.params}, given {values}.")
+        body = fragment.body
+        for param, value in zip(fragment.params, values, strict=True):
+            body = re.sub(rf"\${param}\b", value.replace("\\", "\\\\"), body)
+        line = text[text.rfind("\n", 0, start) + 1 :]
+        indent = line[: len(line) - len(line.lstrip(" "))]
+        text = text[:start] + body.replace("\n", "\n" + indent) + text[end:]
+    raise ValueError("SQL fragments nest too deep: does one include itself?")
+
+
+def _closing(text: str, start: int) -> int:
+    """The end of the `{{...}}` that opens at `start`, past any nested in it."""
+    depth, index = 0, start
+    while index < len(text) - 1:
+        pair = text[index : index + 2]
+        if pair in ("{{", "}}"):
+            depth += 1 if pair == "{{" else -1
+            index += 2
+            if depth == 0:
+                return index
+        else:
+            index += 1
+    raise ValueError(f"Unclosed fragment reference at {text[start : start + 40]!r}.")
+
+
+def _split(values: str | None) -> list[str]:
+    """The comma-separated values of a reference; commas within (), {{}} or '' stay."""
+    if values is None or not values.strip():
+        return []
+    found, depth, quoted, current = [], 0, False, ""
+    for char in values:
+        if char == "'":
+            quoted = not quoted
+        elif not quoted and char in "({":
+            depth += 1
+        elif not quoted and char in ")}":
+            depth -= 1
+        elif char == "," and not quoted and depth == 0:
+            found.append(current.strip())
+            current = ""
+            continue
+        current += char
+    found.append(current.strip())
+    return found
+
+
+SOURCE = files(__package__).joinpath("todos.sql").read_text(encoding="utf-8")
+queries = parse(SOURCE)
 event_queries = parse(files(__package__).joinpath("events.sql").read_text(encoding="utf-8"))

@@ -4,7 +4,8 @@
 -- and runs to the next such line; its first comment line is the contract. Parameters are
 -- named, %(name)s. Time is always the database's now(): the application's clock never
 -- decides a lease. A statement that returns no row missed its guard, and the manager
--- classifies the miss (TodoNotFound or TodoConflict).
+-- classifies the miss (TodoNotFound or TodoConflict). Each statement that writes todos has its
+-- row in transitions.py, whose from-states are the states its guard tests (a test holds them).
 --
 -- When a todo becomes claimable: a pending todo with no next_retry_at at created_at, one with
 -- a next_retry_at at that time, and a claimed todo whose lease lapsed at lease_expires_at.
@@ -17,6 +18,62 @@
 -- transactional: it is delivered when the caller's transaction commits, and not at all if it
 -- rolls back. The "notified" CTE runs only because the final query references it, hence the
 -- always-true "WHERE (SELECT count(*) FROM notified) >= 0".
+--
+-- What several statements share is written once, as a fragment: "-- fragment: x(a, b)" defines
+-- it, "{{x(value, value)}}" places it, $a in its body stands for the value given (sql/__init__.py
+-- composes them when the file is loaded).
+
+-- fragment: live(state)
+-- A todo that holds its idempotency key: pending or claimed, neither done nor failed. This is
+-- the predicate of idx_todos_dedupe; `state` is the column, qualified as the statement needs.
+$state <> 'done' AND $state <> 'failed'
+
+-- fragment: unless_key_held
+-- An insert skips a todo whose (queue, idempotency_key) a live todo holds (idx_todos_dedupe).
+ON CONFLICT (queue, idempotency_key)
+   WHERE idempotency_key IS NOT NULL AND {{live(state)}}
+DO NOTHING
+
+-- fragment: notified(claimable)
+-- The "notified" CTE: wakes the workers of each queue in `claimable`, a FROM item of the rows
+-- the statement made claimable now, filtered with %(notify)s.
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM $claimable
+)
+
+-- fragment: notified_per_queue(claimable)
+-- The "notified" CTE of a statement that changes many rows: one notification per queue.
+{{notified((SELECT DISTINCT queue FROM $claimable) AS claimable)}}
+
+-- fragment: errors_with(owner, error)
+-- The failure history (`errors`) with one more entry: the attempt that ended, who held it, when
+-- it was claimed and when it ended, and `error`, an object with "type" and "message".
+errors || jsonb_build_array(jsonb_build_object(
+             'attempt', attempt, 'owner', $owner, 'claimed_at', claimed_at, 'at', now(),
+             'error', $error))
+
+-- fragment: lease_expired
+-- The error of an attempt whose lease lapsed: recorded by the reaper, or the claim taking over.
+jsonb_build_object('type', 'LeaseExpired',
+    'message', 'The lease lapsed before complete, fail or release.')
+
+-- fragment: cancelled
+-- The error of a todo an operator cancelled (dead_letter), with %(reason)s as its message.
+jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text)
+
+-- fragment: set_claimed
+-- What a claim writes: the lease to %(owner)s for %(ttl)s, one more attempt. A claim that takes
+-- over a lapsed lease records the lapsed attempt in the failure history.
+SET state = 'claimed',
+    owner = %(owner)s,
+    lease_expires_at = now() + %(ttl)s::interval,
+    attempt = attempt + 1,
+    claimed_at = now(),
+    next_retry_at = NULL,
+    errors = CASE WHEN state = 'claimed' THEN {{errors_with(owner, {{lease_expired}})}}
+             ELSE errors END,
+    updated_at = now()
 
 -- name: create_todo
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
@@ -26,22 +83,17 @@ WITH inserted AS (
     VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
             %(idempotency_key)s, %(assignee)s, %(max_attempts)s,
             CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
-    ON CONFLICT (queue, idempotency_key)
-       WHERE idempotency_key IS NOT NULL AND state <> 'done' AND state <> 'failed'
-    DO NOTHING
+    {{unless_key_held}}
     RETURNING *
 ),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue)
-      FROM inserted WHERE next_retry_at IS NULL AND %(notify)s
-)
+{{notified(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
 SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
 SELECT *, false AS created
   FROM todos
  WHERE queue = %(queue)s
    AND idempotency_key = %(idempotency_key)s
-   AND state <> 'done' AND state <> 'failed'
+   AND {{live(state)}}
    AND NOT EXISTS (SELECT FROM inserted);
 
 -- name: create_many
@@ -61,22 +113,16 @@ inserted AS (
     SELECT id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
            max_attempts, CASE WHEN run_after > now() THEN run_after END
       FROM batch
-    ON CONFLICT (queue, idempotency_key)
-       WHERE idempotency_key IS NOT NULL AND state <> 'done' AND state <> 'failed'
-    DO NOTHING
+    {{unless_key_held}}
     RETURNING *
 ),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue)
-      FROM (SELECT DISTINCT queue FROM inserted WHERE next_retry_at IS NULL AND %(notify)s)
-           AS claimable
-)
+{{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
 SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
 SELECT todos.*, false AS created
   FROM todos
   JOIN batch ON todos.queue = batch.queue AND todos.idempotency_key = batch.idempotency_key
- WHERE todos.state <> 'done' AND todos.state <> 'failed'
+ WHERE {{live(todos.state)}}
    AND batch.id NOT IN (SELECT id FROM inserted);
 
 -- name: claim_next
@@ -150,18 +196,7 @@ picked AS MATERIALIZED (
 ),
 claimed AS (
     UPDATE todos
-       SET state = 'claimed',
-           owner = %(owner)s,
-           lease_expires_at = now() + %(ttl)s::interval,
-           attempt = attempt + 1,
-           claimed_at = now(),
-           next_retry_at = NULL,
-           errors = CASE WHEN state = 'claimed' THEN errors || jsonb_build_array(jsonb_build_object(
-                        'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
-                        'error', jsonb_build_object('type', 'LeaseExpired',
-                            'message', 'The lease lapsed before complete, fail or release.')))
-                    ELSE errors END,
-           updated_at = now()
+       {{set_claimed}}
      WHERE id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING todos.*
 )
@@ -172,18 +207,7 @@ SELECT claimed.*, picked.claimable_at
 -- name: claim
 -- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left.
 UPDATE todos
-   SET state = 'claimed',
-       owner = %(owner)s,
-       lease_expires_at = now() + %(ttl)s::interval,
-       attempt = attempt + 1,
-       claimed_at = now(),
-       next_retry_at = NULL,
-       errors = CASE WHEN state = 'claimed' THEN errors || jsonb_build_array(jsonb_build_object(
-                    'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
-                    'error', jsonb_build_object('type', 'LeaseExpired',
-                        'message', 'The lease lapsed before complete, fail or release.')))
-                ELSE errors END,
-       updated_at = now()
+   {{set_claimed}}
  WHERE id = %(todo_id)s
    AND (assignee IS NULL OR assignee = %(owner)s)
    AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
@@ -228,18 +252,13 @@ UPDATE todos
        owner = NULL,
        lease_expires_at = NULL,
        result = %(error)s::jsonb,
-       errors = errors || jsonb_build_array(jsonb_build_object(
-                    'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
-                    'error', %(error)s::jsonb)),
+       errors = {{errors_with(owner, %(error)s::jsonb)}},
        completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
 RETURNING *
 ),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue)
-      FROM failed WHERE state = 'pending' AND next_retry_at <= now() AND %(notify)s
-)
+{{notified(failed WHERE state = 'pending' AND next_retry_at <= now() AND %(notify)s)}}
 SELECT * FROM failed WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: release
@@ -255,10 +274,7 @@ UPDATE todos
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
 RETURNING *
 ),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue)
-      FROM released WHERE next_retry_at IS NULL AND %(notify)s
-)
+{{notified(released WHERE next_retry_at IS NULL AND %(notify)s)}}
 SELECT * FROM released WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: reap_expired
@@ -277,21 +293,14 @@ reaped AS (
            lease_expires_at = NULL,
            result = CASE WHEN attempt >= max_attempts THEN jsonb_build_object('type', 'LeaseExpired',
                         'message', 'The lease lapsed on the last attempt.') ELSE result END,
-           errors = errors || jsonb_build_array(jsonb_build_object(
-                        'attempt', attempt, 'owner', owner, 'claimed_at', claimed_at, 'at', now(),
-                        'error', jsonb_build_object('type', 'LeaseExpired',
-                            'message', 'The lease lapsed before complete, fail or release.'))),
+           errors = {{errors_with(owner, {{lease_expired}})}},
            completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
            updated_at = now()
       FROM lapsed
      WHERE todos.id = lapsed.id
     RETURNING todos.id, todos.state, todos.queue
 ),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue)
-      FROM (SELECT DISTINCT queue FROM reaped WHERE state = 'pending' AND %(notify)s)
-           AS claimable
-)
+{{notified_per_queue(reaped WHERE state = 'pending' AND %(notify)s)}}
 SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
        count(*) FILTER (WHERE state = 'failed') AS dead_lettered,
        coalesce(array_agg(id), '{}') AS ids
@@ -318,12 +327,10 @@ UPDATE todos
         SELECT FROM todos AS live
          WHERE live.queue = todos.queue
            AND live.idempotency_key = todos.idempotency_key
-           AND live.state <> 'done' AND live.state <> 'failed')
+           AND {{live(live.state)}})
 RETURNING todos.*
 ),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue) FROM requeued WHERE %(notify)s
-)
+{{notified(requeued WHERE %(notify)s)}}
 SELECT * FROM requeued WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: expire_lease
@@ -335,9 +342,7 @@ UPDATE todos
  WHERE id = ANY (%(ids)s::text[]) AND state = 'claimed'
 RETURNING *
 ),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue) FROM expired WHERE %(notify)s
-)
+{{notified(expired WHERE %(notify)s)}}
 SELECT * FROM expired WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: dead_letter
@@ -346,10 +351,8 @@ SELECT * FROM expired WHERE (SELECT count(*) FROM notified) >= 0;
 UPDATE todos
    SET state = 'failed',
        next_retry_at = NULL,
-       result = jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text),
-       errors = errors || jsonb_build_array(jsonb_build_object(
-                    'attempt', attempt, 'owner', NULL, 'claimed_at', claimed_at, 'at', now(),
-                    'error', jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text))),
+       result = {{cancelled}},
+       errors = {{errors_with(NULL, {{cancelled}})}},
        completed_at = now(),
        updated_at = now()
  WHERE id = ANY (%(ids)s::text[]) AND state = 'pending'
@@ -362,7 +365,7 @@ SELECT id, state, owner, assignee, queue, idempotency_key, attempt, max_attempts
        lease_expires_at, lease_expires_at <= now() AS lease_lapsed,
        (SELECT live.id FROM todos AS live
          WHERE live.queue = todos.queue AND live.idempotency_key = todos.idempotency_key
-           AND live.id <> todos.id AND live.state <> 'done' AND live.state <> 'failed') AS live_twin
+           AND live.id <> todos.id AND {{live(live.state)}}) AS live_twin
   FROM todos
  WHERE id = ANY (%(ids)s::text[]);
 

@@ -8,9 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from devtools.database import (
     sweep,
 )
 from tests.conftest import ROOT
+from tests.helpers import exists, running, wait_until
 
 #: Run by a child process: report the server it was given, as JSON on stdout.
 REPORT = """
@@ -47,36 +47,6 @@ print(json.dumps({"directory": directory, "pid": pid, "version": version}), flus
 RUN = [sys.executable, "-m", "devtools.database", "run", "--", sys.executable, "-c"]
 
 SYSTEM_BINDIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
-
-
-def running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie waiting to be reaped."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        return exists(pid)
-    return state != "Z"
-
-
-def exists(pid: int) -> bool:
-    """Whether `pid` names a process, a zombie included: one not reaped yet counts as alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30) -> bool:
-    """Poll `condition` until it holds or `timeout` seconds pass; a state to reach, not a delay."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.fixture
@@ -162,7 +132,7 @@ def test_embedded_server_lives_for_the_command_only(
     assert said in finished.stderr
     assert finished.stderr.count("switchboard: database:") == 1
     assert Path(report["directory"]).is_relative_to(embedded_root())
-    assert wait_until(lambda: not running(report["pid"])), "the server outlived the command"
+    wait_until(lambda: not running(report["pid"]), "the server to stop with the command")
     assert not Path(report["directory"]).parent.exists()
 
 
@@ -194,7 +164,7 @@ def test_interrupted_run_stops_the_command_then_the_server(
             wrapper.send_signal(signum)
         assert wrapper.wait(timeout=60) == status
     assert not Path(report["directory"]).parent.exists()
-    assert wait_until(lambda: not running(report["pid"]))
+    wait_until(lambda: not running(report["pid"]), "the server to stop")
 
 
 def test_server_of_a_killed_process_is_stopped_by_its_keeper(
@@ -204,8 +174,8 @@ def test_server_of_a_killed_process_is_stopped_by_its_keeper(
     with start_owner(no_database_env) as owner:
         report = read_report(owner)
         owner.kill()
-    assert wait_until(lambda: not running(report["pid"])), "the server outlived its owner"
-    assert wait_until(lambda: not Path(report["directory"]).parent.exists())
+    wait_until(lambda: not running(report["pid"]), "the server to stop with its owner")
+    wait_until(lambda: not Path(report["directory"]).parent.exists(), "its folder to go")
 
 
 def test_server_left_by_a_killed_keeper_is_swept(
@@ -219,12 +189,12 @@ def test_server_left_by_a_killed_keeper_is_swept(
         os.kill(keeper, signal.SIGKILL)
         assert folder not in sweep(embedded_root(), postgres_bindir()), "in use by its owner"
         owner.kill()
-    assert wait_until(lambda: not exists(keeper)), "the dead keeper was not reaped"
+    wait_until(lambda: not exists(keeper), "the dead keeper to be reaped")
     assert running(report["pid"]), "the server should be orphaned, not stopped"
 
     assert folder in sweep(embedded_root(), postgres_bindir())
 
-    assert wait_until(lambda: not running(report["pid"]))
+    wait_until(lambda: not running(report["pid"]), "the server to stop")
     assert not folder.exists()
 
 

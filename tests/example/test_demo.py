@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 
@@ -31,13 +30,12 @@ from example_project.demo import Demo, Seeded
 from switchboard_todos.models import Event, State, Todo
 from switchboard_todos.shutdown import Shutdown
 from tests.conftest import ROOT
-from tests.devtools.test_database import running
-from tests.test_worker import wait_until
+from tests.helpers import OutputLines, running, wait_until
 
 STARTED = re.compile(r"started (\S+) \(pid (\d+)\)")
 
 
-class DemoProcess:
+class DemoProcess(OutputLines):
     """A demo command run as a user runs it, its output lines collected as they come."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
@@ -51,26 +49,12 @@ class DemoProcess:
             text=True,
             start_new_session=True,  # a process group of its own, as a terminal's foreground job
         )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def said(self, text: str) -> str | None:
-        return next((line for line in self.lines if text in line), None)
+        super().__init__(self.process.stdout)
 
     def wait_for(self, text: str, timeout: float = 90) -> str:
         line: str = wait_until(lambda: self.said(text) or self.process.poll(), text, timeout)
         assert isinstance(line, str), f"ended with {self.process.returncode}:\n{self.output}"
         return line
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
 
     def children(self) -> dict[str, int]:
         """The demo's children, as it announced them: name → pid."""
@@ -78,7 +62,7 @@ class DemoProcess:
 
     def finish(self, timeout: float = 90) -> int:
         code = self.process.wait(timeout)
-        self._reader.join(10)
+        self.join_reader(10)
         assert self.process.stdout is not None
         self.process.stdout.close()
         return code

@@ -12,7 +12,7 @@ from django.test import Client
 from example_project import tasks
 from switchboard_todos.compat import TaskResultStatus
 from switchboard_todos.models import Event, State, Todo
-from tests.example.test_webhooks import PUSH, deliver
+from tests.example.deliveries import PUSH, deliver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

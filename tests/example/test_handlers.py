@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -11,8 +10,7 @@ from example_project import todo_handlers
 from example_project.todo_handlers import DeliberateFailure
 from switchboard_todos.handlers import autodiscover, get_handler
 from switchboard_todos.models import State, Todo
-
-MakeTodo = Callable[..., Todo]
+from tests.helpers import MakeTodo
 
 
 def claimed(make_todo: MakeTodo, kind: str, **fields: object) -> Todo:

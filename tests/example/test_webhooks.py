@@ -7,7 +7,7 @@ import json
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
@@ -18,45 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from example_project.webhooks import Delivery, Received, Rejected, read_body, sign, store
 from switchboard_todos.models import Event, State, Todo
 from tests.conftest import run_in_threads
-
-if TYPE_CHECKING:
-    from django.test.client import _MonkeyPatchedWSGIResponse as Response
-
-SECRET = "github-test-secret"
-PUSH = {
-    "ref": "refs/heads/main",
-    "repository": {"full_name": "octo/hello"},
-    "pusher": {"name": "octocat"},
-    "commits": [{"message": "Fix the thing\n\nLong story.", "author": {"name": "Octo Cat"}}],
-}
-
-
-def deliver(
-    client: Client,
-    body: bytes | None = None,
-    *,
-    source: str = "github",
-    delivery: str | None = "d-1",
-    event: str | None = "push",
-    signature: str | None = None,
-    secret: str = SECRET,
-    content_type: str = "application/json",
-    **headers: str,
-) -> Response:
-    """POST a delivery signed with `secret` unless `signature` is given ("" sends none)."""
-    body = json.dumps(PUSH).encode() if body is None else body
-    sent = dict(headers)
-    signature = sign(secret, body) if signature is None else signature
-    if signature:
-        sent["X-Hub-Signature-256"] = signature
-    if delivery is not None:
-        sent["X-GitHub-Delivery"] = delivery
-    if event is not None:
-        sent["X-GitHub-Event"] = event
-    response: Response = client.post(
-        f"/hooks/{source}/", data=body, content_type=content_type, headers=sent
-    )
-    return response
+from tests.example.deliveries import PUSH, SECRET, deliver
 
 
 def rows() -> tuple[int, int]:

@@ -1,0 +1,224 @@
+"""The todo state machine in one table: its states, and one row per transition.
+
+A row says which states the transition's guard accepts, what else in the guard can stand in
+the way and how to say so, and, for an operator repair, its permission and how the admin offers
+it. The manager explains every miss from these rows (TodoConflict, and a batch's reasons), the
+admin offers and gates its repairs with them, and the health page lists them. The guard itself
+is the SQL block of the same name in `sql/todos.sql`; `tests/test_transition_table.py` holds
+each row against it. Adding a transition: one SQL block, one row here, one manager method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import models
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy as _
+
+DEFAULT_MAX_ATTEMPTS = 5
+"""Attempts a todo gets unless it is created with its own `max_attempts`: its last failure, or
+its last lease lapsing, makes it a dead letter."""
+
+
+class State(models.TextChoices):
+    """Where a todo is in its life; the CHECK constraint on `todos.state` allows exactly these."""
+
+    PENDING = "pending", _("Pending")
+    """Waiting for a claim, and not claimable before `next_retry_at`. Left only by a claim."""
+
+    CLAIMED = "claimed", _("Claimed")
+    """Held by `owner` until `lease_expires_at`. Left by complete, fail, release, or the lease
+    lapsing (the reaper or the next claim scan)."""
+
+    DONE = "done", _("Done")
+    """Completed by its owner; `result` holds what it returned. Final: left only by purging."""
+
+    FAILED = "failed", _("Failed (dead letter)")
+    """Dead-lettered after `max_attempts` attempts. Left only by an operator's requeue."""
+
+
+#: What the guarded statements saw of a todo: a row of the `classify_miss` statement.
+Seen = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Obstacle:
+    """A part of a guard besides the state, and how to say it stood in the way."""
+
+    stands: Callable[[Seen, str | None], bool]
+    """Given what was seen and the caller (the owner, for owner-guarded transitions)."""
+    conflict: str
+    """The TodoConflict message: a template over the seen row's columns and `caller`."""
+    refusal: str = ""
+    """For a transition with a batch form: the reason, without the id (so that refusals group)."""
+
+
+@dataclass(frozen=True)
+class Repair:
+    """An operator repair: what the admin needs to offer it, each under its own permission."""
+
+    permission: str
+    """The codename of the permission (Todo.Meta.permissions) it needs, in app switchboard_todos."""
+    permission_name: str
+    label: Promise
+    """The button on a todo's page."""
+    explanation: Promise
+    done: str
+    """Past tense, for the counts: "requeued"."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One transition: the guard of its SQL block, and how a miss of it is explained."""
+
+    name: str
+    """The SQL block's name and the manager method's (with `_many`, the batch form)."""
+    from_states: frozenset[State]
+    """The states the statement's guard accepts (none: it inserts)."""
+    wrong_state: str = ""
+    """The TodoConflict message for a todo in another state (a template, as Obstacle's); empty
+    for the transitions that report no miss (a claim that finds nothing returns nothing)."""
+    obstacles: tuple[Obstacle, ...] = ()
+    """The rest of the guard, in the order a miss is explained."""
+    not_in_state: str = ""
+    """With a batch form: its reason for a todo in another state, "it is done, <not_in_state>"."""
+    repair: Repair | None = None
+
+    @property
+    def owner_guarded(self) -> bool:
+        """Whether the caller must hold the todo (`owner = %(owner)s` in the guard)."""
+        return NOT_HELD in self.obstacles
+
+    def conflict(self, seen: Seen, caller: str | None) -> str:
+        """Say, in the terms of this transition, why its guard did not match the seen todo."""
+        template = self.wrong_state
+        if seen["state"] in self.from_states:
+            standing = [obstacle for obstacle in self.obstacles if obstacle.stands(seen, caller)]
+            template = standing[0].conflict if standing else CHANGED
+        return template.format(**seen, caller=caller, operation=self.name)
+
+    def refusal(self, seen: Seen | None) -> str:
+        """Say briefly, without the id, why a batch of this transition left a todo alone."""
+        if seen is None:
+            return "it does not exist"
+        if seen["state"] not in self.from_states:
+            return f"it is {seen['state']}, {self.not_in_state}"
+        standing = [obstacle.refusal for obstacle in self.obstacles if obstacle.stands(seen, None)]
+        return standing[0] if standing else "it changed while the operation ran; try again"
+
+
+#: A miss that nothing seen explains: the todo changed between the statement and the look.
+CHANGED = "Todo {id} changed while {operation} ran; try again."
+
+NOT_HELD = Obstacle(
+    stands=lambda seen, caller: seen["owner"] != caller,
+    conflict="Todo {id} is claimed by {owner!r}, not by {caller!r}.",
+)
+NOT_CLAIMED = "Todo {id} is {state}, not claimed; {operation} needs it claimed by {caller!r}."
+
+_ASSIGNED_ELSEWHERE = Obstacle(
+    stands=lambda seen, caller: seen["assignee"] not in (None, caller),
+    conflict="Todo {id} is assigned to {assignee!r}; {caller!r} may not claim it.",
+)
+_WAITING = Obstacle(
+    stands=lambda seen, caller: seen["state"] == State.PENDING and seen["waiting"],
+    conflict="Todo {id} is waiting to be retried until {next_retry_at}.",
+)
+_LEASE_HELD = Obstacle(
+    stands=lambda seen, caller: seen["state"] == State.CLAIMED and not seen["lease_lapsed"],
+    conflict="Todo {id} is claimed by {owner!r} until {lease_expires_at}.",
+)
+_NO_ATTEMPT_LEFT = Obstacle(
+    stands=lambda seen, caller: (
+        seen["state"] == State.CLAIMED and seen["attempt"] >= seen["max_attempts"]
+    ),
+    conflict=(
+        "Todo {id}'s lease lapsed on its last attempt ({attempt} of {max_attempts}); "
+        "the reaper dead-letters it."
+    ),
+)
+_KEY_TAKEN = Obstacle(
+    stands=lambda seen, caller: seen["live_twin"] is not None,
+    conflict=(
+        "Todo {id} was not requeued: live todo {live_twin} holds idempotency key "
+        "{idempotency_key!r} in queue {queue!r}."
+    ),
+    refusal="a live todo holds the same idempotency key",
+)
+
+_CLAIMED = frozenset({State.CLAIMED})
+
+
+def _owner_guarded(name: str) -> Transition:
+    """A transition of the lease's holder: the todo must be claimed, by the caller."""
+    return Transition(name, _CLAIMED, wrong_state=NOT_CLAIMED, obstacles=(NOT_HELD,))
+
+
+TRANSITIONS: dict[str, Transition] = {
+    transition.name: transition
+    for transition in (
+        Transition("create_todo", frozenset()),
+        Transition("create_many", frozenset()),
+        Transition("claim_next", frozenset({State.PENDING, State.CLAIMED})),
+        Transition(
+            "claim",
+            frozenset({State.PENDING, State.CLAIMED}),
+            wrong_state="Todo {id} is {state}; only pending todos can be claimed.",
+            obstacles=(_ASSIGNED_ELSEWHERE, _WAITING, _LEASE_HELD, _NO_ATTEMPT_LEFT),
+        ),
+        _owner_guarded("heartbeat"),
+        _owner_guarded("complete"),
+        _owner_guarded("complete_many"),
+        _owner_guarded("fail"),
+        _owner_guarded("release"),
+        Transition("reap_expired", _CLAIMED),
+        Transition(
+            "requeue",
+            frozenset({State.FAILED}),
+            wrong_state="Todo {id} is {state}; only failed (dead-lettered) todos can be requeued.",
+            obstacles=(_KEY_TAKEN,),
+            not_in_state="not dead-lettered",
+            repair=Repair(
+                permission="requeue_todo",
+                permission_name="Can requeue dead-lettered todos",
+                label=_("Requeue this dead letter"),
+                explanation=_("Back to pending with its attempts reset; workers will run it again"),
+                done="requeued",
+            ),
+        ),
+        Transition(
+            "expire_lease",
+            _CLAIMED,
+            wrong_state="Todo {id} is {state}; only claimed todos have a lease to expire.",
+            not_in_state="not claimed",
+            repair=Repair(
+                permission="expire_lease_todo",
+                permission_name="Can expire the lease of claimed todos",
+                label=_("Expire its lease now"),
+                explanation=_("The reaper or the next claim takes it back from its worker"),
+                done="expired",
+            ),
+        ),
+        Transition(
+            "dead_letter",
+            frozenset({State.PENDING}),
+            wrong_state="Todo {id} is {state}; only pending todos can be dead-lettered.",
+            not_in_state="not pending",
+            repair=Repair(
+                permission="dead_letter_todo",
+                permission_name="Can dead-letter pending todos",
+                label=_("Dead-letter (cancel)…"),
+                explanation=_("Asks for a reason first"),
+                done="dead-lettered",
+            ),
+        ),
+    )
+}
+
+#: The operator repairs by name, each with its transition, in the order the admin offers them.
+REPAIRS = {name: (row, row.repair) for name, row in TRANSITIONS.items() if row.repair is not None}
+#: Todo.Meta.permissions: one per operator repair.
+PERMISSIONS = [(repair.permission, repair.permission_name) for _row, repair in REPAIRS.values()]

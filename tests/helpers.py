@@ -1,0 +1,114 @@
+"""What several test modules use; their shared fixtures are in conftest.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from django.db import connection
+
+from switchboard_todos.models import Todo
+
+#: The type of conftest's `make_todo` fixture.
+MakeTodo = Callable[..., Todo]
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll `condition` until it is truthy and return its value; fail after `timeout` seconds.
+
+    A state to reach, never a delay: the timeout only bounds a test that would hang.
+    """
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
+def db_now() -> datetime:
+    """The database clock, the one every transition reads."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        now: datetime = cursor.fetchone()[0]
+    return now
+
+
+# The `test.gate` handler and task (tests/worker_handlers.py, tests/tasks.py): they write a line
+# to the gate's `started` file, then wait until its `gate` file exists.
+
+
+def started_lines(gate: dict[str, str]) -> list[str]:
+    path = Path(gate["started"])
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def open_gate(gate: dict[str, str]) -> None:
+    Path(gate["gate"]).touch()
+
+
+# Child processes
+
+
+def exists(pid: int) -> bool:
+    """Whether `pid` names a process, a zombie included: one not reaped yet counts as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        return exists(pid)
+    return state != "Z"
+
+
+def read_until(stream: Any, text: str, timeout: float = 60) -> list[str]:
+    """Read lines from a child's stream until one contains `text`; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"{text!r} not seen; got {lines!r}")
+
+
+class OutputLines:
+    """The lines a child process writes to `stream`, read on a thread as they come."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        assert stream is not None, "the child's output is not a pipe"
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(line.rstrip("\n"))
+
+    def said(self, text: str) -> str | None:
+        """The first line so far that contains `text`."""
+        return next((line for line in self.lines if text in line), None)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def join_reader(self, timeout: float) -> None:
+        """Wait for the last lines of a child that ended."""
+        self._reader.join(timeout)
