@@ -4,7 +4,13 @@ from django.contrib import admin
 from django.urls import path
 
 from example_project import views
+from switchboard_todos import metrics
 
 webhook_patterns = [path("hooks/<slug:source>/", views.webhook, name="webhook")]
 
-urlpatterns = [path("admin/", admin.site.urls), *webhook_patterns]
+# Prometheus scrapes the queue's numbers here; keep it off the public internet (docs/operating.md).
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("metrics", metrics.view, name="metrics"),
+    *webhook_patterns,
+]

@@ -27,6 +27,10 @@ DEFAULTS: dict[str, Any] = {
     # Prepare the manager's statements once per connection (see cursors.py); turn off behind a
     # PgBouncer in transaction mode older than 1.21, which cannot keep prepared statements.
     "PREPARE": True,
+    # The health page and todo_stats warn when a transaction has held back vacuum (the xmin
+    # horizon) for longer than this many seconds, or the todos table holds more dead rows.
+    "HORIZON_WARNING_AGE": 300.0,
+    "DEAD_TUPLES_WARNING": 100_000,
 }
 
 
@@ -71,6 +75,14 @@ class Settings:
     @property
     def PREPARE(self) -> bool:
         return bool(self._get("PREPARE"))
+
+    @property
+    def HORIZON_WARNING_AGE(self) -> float:
+        return float(self._get("HORIZON_WARNING_AGE"))
+
+    @property
+    def DEAD_TUPLES_WARNING(self) -> int:
+        return int(self._get("DEAD_TUPLES_WARNING"))
 
 
 conf = Settings()

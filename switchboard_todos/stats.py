@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Literal
 
 from django.db import connections, router
@@ -17,6 +17,8 @@ from switchboard_todos.models import Todo
 
 #: Most values a list of queues or assignees shows; past that, filter by typing (search).
 VALUES_LIMIT = 500
+#: What "recently" finished means on the health page and in todo_stats.
+RECENT = timedelta(hours=24)
 #: How many of the newest todos the list of kinds is read from.
 RECENT_TODOS = 10_000
 
@@ -41,10 +43,11 @@ SELECT DISTINCT kind
 """
 
 # One row per queue. Each CTE reads one partial index: idx_todos_pending (ready),
-# idx_todos_scheduled (retries), idx_todos_lease (claimed), idx_todos_finished (done in the last
-# day: a range of purging's index), idx_todos_dead (dead letters); the queue names come from a
-# skip scan of idx_todos_queue.
-_HEALTH = (
+# idx_todos_scheduled (retries), idx_todos_lease (claimed), idx_todos_dead (dead letters, the
+# queue included): their cost follows the work in flight, not the done todos. "finished" reads a
+# range of idx_todos_finished, so its cost follows the todos finished within `recent`. The
+# queue names come from a skip scan of idx_todos_queue.
+_QUEUES = (
     _DISTINCT.format(column="queue").rstrip()
     + """,
 fresh AS (
@@ -70,16 +73,18 @@ claimed AS (
      WHERE state = 'claimed'
      GROUP BY queue
 ),
-done AS (
-    SELECT queue, count(*) AS done
-      FROM todos
-     WHERE state = 'done' AND completed_at > now() - interval '24 hours'
-     GROUP BY queue
-),
 dead AS (
     SELECT queue, count(*) AS dead
       FROM todos
      WHERE state = 'failed'
+     GROUP BY queue
+),
+finished AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'done') AS done,
+           count(*) FILTER (WHERE state = 'failed') AS dead_lettered
+      FROM todos
+     WHERE state IN ('done', 'failed') AND completed_at > now() - %(recent)s::interval
      GROUP BY queue
 )
 SELECT found.value AS queue,
@@ -87,14 +92,15 @@ SELECT found.value AS queue,
        coalesce(retries.scheduled, 0) AS scheduled,
        coalesce(claimed.claimed, 0) AS claimed,
        coalesce(claimed.lease_expired, 0) AS lease_expired,
-       coalesce(done.done, 0) AS done_24h,
+       coalesce(finished.done, 0) AS done_recently,
        coalesce(dead.dead, 0) AS dead,
-       now() - least(fresh.oldest, retries.oldest) AS oldest_ready_age
+       now() - least(fresh.oldest, retries.oldest) AS oldest_ready_age,
+       coalesce(finished.dead_lettered, 0) AS dead_lettered_recently
   FROM found
   LEFT JOIN fresh ON fresh.queue = found.value
   LEFT JOIN retries ON retries.queue = found.value
   LEFT JOIN claimed ON claimed.queue = found.value
-  LEFT JOIN done ON done.queue = found.value
+  LEFT JOIN finished ON finished.queue = found.value
   LEFT JOIN dead ON dead.queue = found.value
  WHERE found.value IS NOT NULL
    AND (%(queues)s::text[] IS NULL OR found.value = ANY (%(queues)s::text[]))
@@ -117,12 +123,14 @@ class QueueHealth:
     """Claimed, lease still valid: being worked on."""
     lease_expired: int
     """Claimed, lease lapsed: not yet taken back by the reaper or another claim."""
-    done_24h: int
-    """Completed in the last 24 hours."""
+    done_recently: int
+    """Completed within `recent` (the last 24 hours unless asked otherwise)."""
     dead: int
     """Failed: dead letters waiting for an operator."""
     oldest_ready_age: timedelta | None
     """How long the longest-waiting ready todo has been claimable; None when none is ready."""
+    dead_lettered_recently: int
+    """Failed for good (last attempt, or cancelled) within `recent`."""
 
     @property
     def oldest_ready(self) -> str:
@@ -137,20 +145,18 @@ class QueueHealth:
         return row
 
 
-def queue_health(queues: Iterable[str] | None = None) -> list[QueueHealth]:
-    """Return the health of every queue (or of `queues`), one row per queue, by name."""
+def queue_health(
+    queues: Iterable[str] | None = None, *, recent: timedelta = RECENT
+) -> list[QueueHealth]:
+    """Return the health of every queue (or of `queues`), one row per queue, by name.
+
+    The counts of todos finished within `recent` read every such todo: a day's worth on the
+    health page, a few minutes' for the metrics, which are scraped every few seconds.
+    """
     wanted = None if queues is None else list(queues)
     with _cursor() as cursor:
-        cursor.execute(_HEALTH, {"queues": wanted, "limit": VALUES_LIMIT})
+        cursor.execute(_QUEUES, {"queues": wanted, "limit": VALUES_LIMIT, "recent": recent})
         return [QueueHealth(*row) for row in cursor.fetchall()]
-
-
-def database_now() -> datetime:
-    """The database's clock, which every number above is relative to."""
-    with _cursor() as cursor:
-        cursor.execute("SELECT now()")
-        now: datetime = cursor.fetchone()[0]
-    return now
 
 
 def distinct_values(column: Literal["queue", "assignee"], limit: int = VALUES_LIMIT) -> list[str]:

@@ -1,4 +1,4 @@
-"""The queue health page: per-queue counts and a chart of them, from partial indexes only.
+"""The queue health page: per-queue counts and a chart of them, and who holds back vacuum.
 
 Below them, the repairs the user may make (transitions.py), each linked to the todos it applies to.
 """
@@ -11,7 +11,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
-from switchboard_todos import stats
+from switchboard_todos import stats, vacuum
 from switchboard_todos.admin.actions import may_repair
 from switchboard_todos.admin.base import TodoModelAdmin
 from switchboard_todos.admin.chart import HealthChart
@@ -25,6 +25,7 @@ class HealthPage(TodoModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         rows = stats.queue_health()
+        health = vacuum.vacuum_health()
         context = {
             **self.admin_site.each_context(request),
             "title": _("Queue health"),
@@ -32,7 +33,8 @@ class HealthPage(TodoModelAdmin):
             "back": reverse("admin:switchboard_todos_todo_changelist"),
             "rows": rows,
             "chart": HealthChart(rows),
-            "now": stats.database_now(),
+            "now": health.at,
+            "vacuum": health,
             "repairs": [
                 (State(state), repair)
                 for transition, repair in REPAIRS.values()

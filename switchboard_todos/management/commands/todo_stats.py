@@ -1,4 +1,4 @@
-"""`manage.py todo_stats`: the queue health page's numbers, as a table or as JSON."""
+"""`manage.py todo_stats`: the queue health page's numbers, as a table, JSON or Prometheus text."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
-from switchboard_todos import stats
+from switchboard_todos import stats, vacuum
 from switchboard_todos.management.base import OperatorCommand, add_queue_argument
 
 COLUMNS = [
@@ -15,7 +15,7 @@ COLUMNS = [
     ("scheduled", "waiting"),
     ("claimed", "claimed"),
     ("lease_expired", "expired"),
-    ("done_24h", "done 24h"),
+    ("done_recently", "done 24h"),
     ("dead", "dead"),
     ("oldest_ready", "oldest ready"),
 ]
@@ -25,13 +25,15 @@ class Command(OperatorCommand):
     help = (
         "Print each queue's health: todos ready to claim, waiting for a retry, claimed (lease "
         "valid), claimed with an expired lease, done in the last 24 hours, dead letters, and the "
-        "age of the oldest ready todo. Cheap enough to run every minute from monitoring."
+        "age of the oldest ready todo; then who holds back vacuum (the xmin horizon) and the "
+        "todos table's dead rows, with warnings. Cheap enough to run every minute from monitoring."
     )
 
     examples = [
         "manage.py todo_stats",
         "manage.py todo_stats --queue mail --queue billing",
-        'manage.py todo_stats --json   # {"at": ..., "queues": [{"queue": ..., ...}]}',
+        'manage.py todo_stats --json   # {"at": ..., "queues": [...], "vacuum": {...}}',
+        "manage.py todo_stats --prometheus   # the metrics view's text, e.g. for a textfile",
     ]
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -41,20 +43,32 @@ class Command(OperatorCommand):
             action="store_true",
             help="Print JSON for monitoring; oldest_ready_age is in seconds (null if none ready).",
         )
+        parser.add_argument(
+            "--prometheus",
+            action="store_true",
+            help="Print every queue's metrics in Prometheus' text format (needs the [metrics] "
+            "extra).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["prometheus"]:
+            from switchboard_todos import metrics  # the [metrics] extra, only when asked
+
+            self.stdout.write(metrics.exposition().decode(), ending="")
+            return
         rows = stats.queue_health(options["queues"])
+        health = vacuum.vacuum_health()
         if options["json"]:
             report = {
-                "at": stats.database_now().isoformat(),
+                "at": health.at.isoformat(),
                 "queues": [row.as_json() for row in rows],
+                "vacuum": health.as_json(),
             }
             self.stdout.write(json.dumps(report, indent=2))
             return
-        if not rows:
-            self.stdout.write("No todos.")
-            return
-        self.stdout.write(render_table(rows))
+        self.stdout.write(render_table(rows) if rows else "No todos.")
+        self.stdout.write("")
+        self.stdout.write(render_vacuum(health))
 
 
 def render_table(rows: list[stats.QueueHealth]) -> str:
@@ -72,3 +86,24 @@ def render_table(rows: list[stats.QueueHealth]) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def render_vacuum(health: vacuum.VacuumHealth) -> str:
+    """The xmin horizon's holder, the table's dead rows, then each warning on a line."""
+    holder = health.holder
+    if holder is None:
+        horizon = "nothing else holds a snapshot"
+    else:
+        opened = f", open {holder.age_text}" if holder.age_text else ""
+        horizon = (
+            f"{holder.kind} pid {holder.pid or '-'} ({holder.application or 'no name'}, "
+            f"{holder.state}{opened}), {holder.xids:,} transactions behind"
+        )
+    vacuumed = (
+        f"vacuumed {health.since_vacuum_text} ago" if health.since_vacuum_text else "never vacuumed"
+    )
+    lines = [
+        f"xmin horizon: {horizon}",
+        f"todos table: {health.live_tuples:,} live rows, {health.dead_tuples:,} dead, {vacuumed}",
+    ]
+    return "\n".join(lines + [f"WARNING: {warning}" for warning in health.warnings])

@@ -1,0 +1,115 @@
+"""Prometheus metrics, read from the database at scrape time (needs the `[metrics]` extra).
+
+Nothing is counted in the worker processes: every number is read from the todos table's partial
+indexes and PostgreSQL's statistics views when Prometheus scrapes, so any number of worker
+processes on any number of hosts need no shared state, and every scrape of any web process gives
+the same answer. The table keeps states, not a history of events, so there are no counters: the
+throughput is given as todos finished within the last `WINDOW`. Mount `view` in the project's
+URLconf, or print the same text with `manage.py todo_stats --prometheus`. docs/operating.md
+lists the metrics and example alert rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from switchboard_todos import stats, vacuum
+
+#: The throughput window: todos finished within it are counted per queue at each scrape.
+WINDOW = timedelta(minutes=5)
+
+#: switchboard_todos_todos{state=...}: the label, the QueueHealth field, and what it counts.
+STATES = [
+    ("ready", "ready", "pending and claimable now"),
+    ("scheduled", "scheduled", "pending, waiting for a retry or a run_after"),
+    ("claimed", "claimed", "claimed, lease valid"),
+    ("lease_expired", "lease_expired", "claimed, lease lapsed, not yet taken back"),
+    ("dead", "dead", "failed: dead letters"),
+]
+
+
+class TodoCollector(Collector):
+    """Reads the numbers at each scrape: two statements on the queue, two on catalog views."""
+
+    def collect(self) -> Iterator[Metric]:
+        rows = stats.queue_health(recent=WINDOW)
+        health = vacuum.vacuum_health()
+        window = f"{WINDOW.total_seconds():g} seconds"
+        todos = GaugeMetricFamily(
+            "switchboard_todos_todos",
+            "Todos per queue and state, now: "
+            + "; ".join(f"{label}: {meaning}" for label, _field, meaning in STATES),
+            labels=["queue", "state"],
+        )
+        oldest = _per_queue(
+            "oldest_ready_age_seconds",
+            "Age of the oldest ready todo (how long it has been claimable); 0 when none.",
+        )
+        done = _per_queue("completed_recently", f"Todos completed within the last {window}.")
+        dead = _per_queue(
+            "dead_lettered_recently", f"Todos dead-lettered within the last {window}."
+        )
+        for row in rows:
+            for label, field, _meaning in STATES:
+                todos.add_metric([row.queue, label], getattr(row, field))
+            age = row.oldest_ready_age
+            oldest.add_metric([row.queue], 0.0 if age is None else age.total_seconds())
+            done.add_metric([row.queue], row.done_recently)
+            dead.add_metric([row.queue], row.dead_lettered_recently)
+        yield from (todos, oldest, done, dead)
+        yield from _vacuum_metrics(health)
+
+
+def _per_queue(name: str, documentation: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"switchboard_todos_{name}", documentation, labels=["queue"])
+
+
+def _vacuum_metrics(health: vacuum.VacuumHealth) -> Iterator[Metric]:
+    holder = health.holder
+    age = holder.age if holder is not None else None
+    yield GaugeMetricFamily(
+        "switchboard_todos_xmin_horizon_age_seconds",
+        "How long the oldest transaction holding back vacuum in this database has been open "
+        "(sessions and prepared transactions; replication slots have no time); 0 when none.",
+        value=0.0 if age is None else age.total_seconds(),
+    )
+    yield GaugeMetricFamily(
+        "switchboard_todos_xmin_horizon_xids",
+        "How many transaction ids the oldest snapshot holding back vacuum is behind (sessions, "
+        "prepared transactions, replication slots); 0 when none.",
+        value=0 if holder is None else holder.xids,
+    )
+    yield GaugeMetricFamily(
+        "switchboard_todos_table_dead_tuples",
+        "Dead row versions in the todos table, waiting for vacuum (statistics collector).",
+        value=health.dead_tuples,
+    )
+    yield GaugeMetricFamily(
+        "switchboard_todos_table_live_tuples",
+        "Live rows in the todos table (statistics collector).",
+        value=health.live_tuples,
+    )
+
+
+registry = CollectorRegistry(auto_describe=False)
+registry.register(TodoCollector())
+
+
+def exposition() -> bytes:
+    """The metrics in Prometheus' text format, read now."""
+    return generate_latest(registry)
+
+
+@never_cache
+@require_GET
+def view(request: HttpRequest) -> HttpResponse:
+    """The metrics for Prometheus to scrape: `path("metrics", metrics.view)` in a URLconf."""
+    return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)
