@@ -128,6 +128,11 @@ def database_url() -> str:
 @pytest.fixture
 def subprocess_env() -> dict[str, str]:
     """Environment for a child Python process that talks to the test database."""
+    return child_environment()
+
+
+def child_environment() -> dict[str, str]:
+    """`subprocess_env`, for fixtures of a wider scope than a test's."""
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",

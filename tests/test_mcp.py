@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -35,7 +34,7 @@ from switchboard_todos.agents import errors
 from switchboard_todos.agents.accounts import create_agent, revoke
 from switchboard_todos.mcp.http import allowed_hosts
 from switchboard_todos.models import Agent, State, Todo
-from tests.conftest import ROOT, database_url
+from tests.conftest import ROOT, child_environment, database_url
 from tests.helpers import wait_until
 
 T = TypeVar("T")
@@ -43,17 +42,6 @@ T = TypeVar("T")
 pytestmark = pytest.mark.django_db(transaction=True)
 
 AGENT = "mcp-agent"
-
-
-def environment() -> dict[str, str]:
-    """A server process's environment: the test settings, on the test database."""
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": database_url(),
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-    }
 
 
 def status_of(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -85,7 +73,7 @@ def mcp_url(django_db_setup: None) -> Iterator[str]:
     server = subprocess.Popen(
         [*command, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
         cwd=ROOT,
-        env={**environment(), "DATABASE_POOL_SIZE": "4"},  # as docs/agents.md advises
+        env={**child_environment(), "DATABASE_POOL_SIZE": "4"},  # as docs/agents.md advises
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -126,7 +114,7 @@ def open_session(request: pytest.FixtureRequest, agent: tuple[Agent, str]) -> Op
     server = StdioServerParameters(
         command=sys.executable,
         args=["manage.py", "todo_mcp", "--agent", agent[0].name],
-        env=environment(),
+        env=child_environment(),
         cwd=ROOT,
     )
 
@@ -362,7 +350,7 @@ def test_the_asgi_application_serves_django_beside_mcp(mcp_url: str) -> None:
 def test_stdio_refuses_an_unknown_agent() -> None:
     command = [sys.executable, "manage.py", "todo_mcp", "--agent", "ghost"]
     done = subprocess.run(
-        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=60
+        command, cwd=ROOT, env=child_environment(), capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 1
     assert "No agent is named 'ghost'." in done.stderr and done.stdout == ""
@@ -372,7 +360,7 @@ def test_stdio_refuses_an_agent_revoked_meanwhile(agent: tuple[Agent, str]) -> N
     server = StdioServerParameters(
         command=sys.executable,
         args=["manage.py", "todo_mcp", "--agent", AGENT],
-        env=environment(),
+        env=child_environment(),
         cwd=ROOT,
     )
 
@@ -440,7 +428,7 @@ def test_stdio_session_outlives_the_database(agent: tuple[Agent, str]) -> None:
     url = urlsplit(database_url())
     credentials, _, _ = url.netloc.rpartition("@")
     through_relay = url._replace(netloc=f"{credentials}@127.0.0.1:{relay.port}".lstrip("@"))
-    env = {**environment(), "DATABASE_URL": through_relay.geturl()}
+    env = {**child_environment(), "DATABASE_URL": through_relay.geturl()}
     server = StdioServerParameters(
         command=sys.executable, args=["manage.py", "todo_mcp", "--agent", AGENT], env=env, cwd=ROOT
     )
