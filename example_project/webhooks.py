@@ -86,6 +86,7 @@ def parse(request: HttpRequest, source: str) -> Delivery:
         raise Rejected(404, f"No webhook source {source!r} is configured.")
     body = read_body(request, getattr(settings, "WEBHOOK_MAX_BYTES", DEFAULT_MAX_BYTES))
     verify(secret, body, request.headers.get(SIGNATURE_HEADER))
+    check_content_type(request.content_type)
     delivery_id = _first_header(request, DELIVERY_HEADERS)
     if not delivery_id:
         raise Rejected(
@@ -123,6 +124,20 @@ def verify(secret: str, body: bytes, signature: str | None) -> None:
         raise Rejected(401, f"The {SIGNATURE_HEADER} signature does not match the body.")
 
 
+def check_content_type(content_type: str | None) -> None:
+    """Only JSON is taken: application/json, or a vendor type such as application/vnd.x+json."""
+    media = (content_type or "").lower()
+    if media != "application/json" and not (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        described = f"not {content_type}" if content_type else "with no Content-Type"
+        raise Rejected(
+            415,
+            f"The body must be sent as application/json, {described}. (A GitHub webhook "
+            "sending form-encoded payloads: set its content type to application/json.)",
+        )
+
+
 def _first_header(request: HttpRequest, names: tuple[str, ...]) -> str:
     return next((value for name in names if (value := request.headers.get(name))), "")
 
@@ -132,6 +147,8 @@ def _payload(body: bytes) -> dict[str, Any]:
         value = json.loads(body, parse_constant=_refuse_constant)
     except ValueError as error:
         raise Rejected(400, f"The body is not valid JSON: {error}.") from error
+    except RecursionError:
+        raise Rejected(400, "The body nests arrays and objects too deeply to be read.") from None
     if not isinstance(value, dict):
         described = _JSON_TYPES.get(type(value), type(value).__name__)
         raise Rejected(400, f"The body must be a JSON object, not {described}.")

@@ -1,13 +1,18 @@
-"""System checks: PostgreSQL only, and SWITCHBOARD_TODOS_* settings of the right type and range."""
+"""System checks: PostgreSQL only, SWITCHBOARD_TODOS_* settings of the right type and range, and
+live tables that match the migrations."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import connections, router
+from django.db import connections, models, router
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.migrations.loader import MigrationLoader
+from django.db.models.fields import NOT_PROVIDED
 
 from switchboard_todos.conf import DEFAULTS
 
@@ -19,6 +24,7 @@ def register() -> None:
     checks.register(check_database_vendor, checks.Tags.compatibility)
     checks.register(check_settings, checks.Tags.compatibility)
     checks.register(check_database_version, checks.Tags.database)
+    checks.register(check_schema, checks.Tags.database)
 
 
 def _todo_databases(aliases: Sequence[str] | None = None) -> list[str]:
@@ -126,3 +132,189 @@ def check_database_version(
                 )
             )
     return errors
+
+
+#: Objects the migrations create with RunSQL, which the models cannot declare: name -> kind
+#: (pg_constraint.contype). The seed's foreign key is ON DELETE SET NULL in the database.
+_SQL_CONSTRAINTS = {"todos": {"todos_event_id_fkey": "f"}}
+_LITERAL = re.compile(r"'((?:[^']|'')*)'")
+_WORD = re.compile(r"[a-z_][a-z0-9_]*")
+_NOISE = re.compile(r'"|\bpublic\.|\busing btree\b|::[a-z ]+(?:\[\])?|\(|\)')
+
+
+def check_schema(
+    databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Run with `check --database` and by `migrate`: the live tables are what the migrations made.
+
+    `migrate --fake-initial` over tables created elsewhere (the Go service's seed, an older
+    copy) records the migrations as applied whatever the tables hold: a missing column or
+    index, or a partial index with another predicate, then fails or crawls at run time. Until
+    every migration of the app is applied there is nothing to compare (migrate will do it).
+    """
+    from switchboard_todos.models import Event, Todo
+
+    errors: list[checks.CheckMessage] = []
+    for alias in _todo_databases(databases or []):
+        connection = connections[alias]
+        if connection.vendor != "postgresql" or not _fully_migrated(connection):
+            continue
+        for model in (Event, Todo):
+            errors += _compare_table(connection, model)
+    return errors
+
+
+def _fully_migrated(connection: BaseDatabaseWrapper) -> bool:
+    loader = MigrationLoader(connection, ignore_no_migrations=True)
+    leaves = loader.graph.leaf_nodes("switchboard_todos")
+    return bool(leaves) and all(leaf in loader.applied_migrations for leaf in leaves)
+
+
+def _compare_table(
+    connection: BaseDatabaseWrapper, model: type[models.Model]
+) -> list[checks.CheckMessage]:
+    """The differences between `model`'s table in the database and what its migrations make."""
+    table = model._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attname, format_type(atttypid, atttypmod), attnotnull, atthasdef"
+            "  FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
+            "   AND NOT attisdropped",
+            [table],
+        )
+        columns = {name: (kind, not_null, default) for name, kind, not_null, default in cursor}
+        cursor.execute(
+            "SELECT index.relname, pg_get_indexdef(pg_index.indexrelid)"
+            "  FROM pg_index JOIN pg_class AS index ON index.oid = pg_index.indexrelid"
+            " WHERE pg_index.indrelid = to_regclass(%s)",
+            [table],
+        )
+        indexes = dict(cursor.fetchall())
+        cursor.execute(
+            "SELECT conname, contype, pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = to_regclass(%s)",
+            [table],
+        )
+        constraints = {name: (kind, definition) for name, kind, definition in cursor}
+    if not columns:
+        return [_schema_error(table, "does not exist", "Run migrate.", "E020")]
+    errors = _compare_columns(connection, model, columns)
+    with connection.schema_editor(collect_sql=True, atomic=False) as editor:
+        expected = {
+            index.name: str(index.create_sql(model, editor))
+            for index in [
+                *model._meta.indexes,
+                *(
+                    constraint
+                    for constraint in model._meta.constraints
+                    if isinstance(constraint, models.UniqueConstraint)
+                ),
+            ]
+        }
+    for name, statement in expected.items():
+        if name not in indexes:
+            errors.append(_schema_error(table, f"has no index {name}", statement, "E021"))
+        elif _index_shape(indexes[name], columns) != _index_shape(statement, columns):
+            errors.append(
+                _schema_error(
+                    table,
+                    f"has an index {name} that differs from the migrations' ({indexes[name]})",
+                    f"Drop it and create it as the migrations do: {statement}",
+                    "E021",
+                )
+            )
+    wanted = {
+        constraint.name: "c"
+        for constraint in model._meta.constraints
+        if isinstance(constraint, models.CheckConstraint)
+    }
+    wanted |= _SQL_CONSTRAINTS.get(table, {})
+    wanted[f"{table}_pkey"] = "p"
+    for name, kind in wanted.items():
+        if constraints.get(name, ("",))[0] != kind:
+            errors.append(
+                _schema_error(
+                    table,
+                    f"has no constraint {name}",
+                    "Compare the table with `sqlmigrate switchboard_todos 0001` and add it.",
+                    "E022",
+                )
+            )
+    return errors
+
+
+def _compare_columns(
+    connection: BaseDatabaseWrapper,
+    model: type[models.Model],
+    columns: dict[str, tuple[str, bool, bool]],
+) -> list[checks.CheckMessage]:
+    table = model._meta.db_table
+    errors: list[checks.CheckMessage] = []
+    fields = {field.column: field for field in model._meta.concrete_fields}
+    for column, field in fields.items():
+        wanted_type = field.db_type(connection)
+        if column not in columns:
+            errors.append(
+                _schema_error(table, f"has no column {column} ({wanted_type})", None, "E020")
+            )
+            continue
+        kind, not_null, has_default = columns[column]
+        if kind != wanted_type:
+            errors.append(
+                _schema_error(table, f"column {column} is {kind}, not {wanted_type}", None, "E020")
+            )
+        if not_null == field.null:
+            errors.append(
+                _schema_error(
+                    table,
+                    f"column {column} is {'NOT NULL' if not_null else 'nullable'}, "
+                    f"not {'nullable' if field.null else 'NOT NULL'}",
+                    None,
+                    "E020",
+                )
+            )
+        if field.db_default is not NOT_PROVIDED and not has_default:
+            errors.append(
+                _schema_error(
+                    table,
+                    f"column {column} has no default; raw SQL inserts rely on it",
+                    None,
+                    "E020",
+                )
+            )
+    for column, (_kind, not_null, has_default) in columns.items():
+        if column not in fields and not_null and not has_default:
+            errors.append(
+                _schema_error(
+                    table,
+                    f"has a column {column} the model does not know, NOT NULL without a "
+                    "default, so every insert fails",
+                    None,
+                    "E020",
+                )
+            )
+    return errors
+
+
+def _index_shape(statement: str, columns: dict[str, Any]) -> tuple[Any, ...]:
+    """What matters in an index's CREATE statement, written by Django or by PostgreSQL.
+
+    Uniqueness and the key (columns, order, INCLUDE) compared as written; a predicate by the
+    columns and the literals it names, as PostgreSQL rewrites IN, NOT and casts its own way.
+    """
+    text = statement.lower()
+    body, _, predicate = text.partition(" where ")
+    key = " ".join(_NOISE.sub(" ", body.split(" on ", 1)[1]).split()[1:]).replace(" ,", ",")
+    literals = sorted(_LITERAL.findall(predicate))
+    words = sorted({word for word in _WORD.findall(_LITERAL.sub("", predicate)) if word in columns})
+    return (text.startswith("create unique"), key, bool(predicate), words, literals)
+
+
+def _schema_error(table: str, problem: str, fix: str | None, error_id: str) -> checks.Error:
+    return checks.Error(
+        f"Table {table!r} {problem}: it does not match the switchboard_todos migrations.",
+        hint=(f"{fix} " if fix else "")
+        + "A table created before `migrate --fake-initial` must be brought to the migrations' "
+        "schema (see `manage.py sqlmigrate switchboard_todos`).",
+        id=f"switchboard_todos.{error_id}",
+    )

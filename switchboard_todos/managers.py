@@ -19,7 +19,7 @@ from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 
-from switchboard_todos import cursors, validation
+from switchboard_todos import cursors, signals, validation
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
@@ -95,20 +95,19 @@ class TodoManager(models.Manager["Todo"]):
 
         Returns (todo, created). Concurrent calls with one key make exactly one row.
         """
-        return self._create(
-            _creation_params(
-                queue=queue,
-                kind=kind,
-                title=title,
-                payload=payload,
-                source=source,
-                idempotency_key=idempotency_key,
-                assignee=assignee,
-                max_attempts=max_attempts,
-                event=event,
-                run_after=run_after,
-            )
-        )
+        spec = {
+            "queue": queue,
+            "kind": kind,
+            "title": title,
+            "payload": payload,
+            "source": source,
+            "idempotency_key": idempotency_key,
+            "assignee": assignee,
+            "max_attempts": max_attempts,
+            "event": event,
+            "run_after": run_after,
+        }
+        return self._create(self._known_events([validation.creation(spec)])[0])
 
     def create_many(self, todos: Iterable[Mapping[str, Any]]) -> list[tuple[Todo, bool]]:
         """Enqueue many todos in one statement; each mapping takes `create_todo`'s arguments.
@@ -118,14 +117,7 @@ class TodoManager(models.Manager["Todo"]):
         """
         from switchboard_todos.models import new_todo_id
 
-        batch = []
-        for number, spec in enumerate(todos):
-            try:
-                batch.append(_creation_params(**spec))
-            except TypeError as error:
-                raise InvalidTodo(f"todo #{number}: {error}") from error
-            except InvalidTodo as error:
-                raise InvalidTodo(f"todo #{number}: {error}") from error
+        batch = self._known_events(validation.creations(todos))
         if not batch:
             return []
         ids = [new_todo_id() for _ in batch]
@@ -169,18 +161,13 @@ class TodoManager(models.Manager["Todo"]):
         before anything is written; the batch commits as one, with the caller's transaction if
         there is one. A `run_after` in the past makes the todo claimable at once.
         """
-        rows = []
-        for number, spec in enumerate(todos):
-            try:
-                params = _creation_params(**spec)
-            except (TypeError, InvalidTodo) as error:
-                raise InvalidTodo(f"todo #{number}: {error}") from error
+        rows = self._known_events(validation.creations(todos))
+        for number, params in enumerate(rows):
             if params["idempotency_key"] is not None:
                 raise InvalidTodo(
                     f"todo #{number}: enqueue_many cannot deduplicate; enqueue todos with an "
                     "idempotency key through create_many or create_todo."
                 )
-            rows.append(params)
         if not rows:
             return 0
         # Columns at their database default in every row are left to the default, as a
@@ -210,6 +197,18 @@ class TodoManager(models.Manager["Todo"]):
             with self._cursor() as cursor:
                 cursor.execute(queries["notify_queues"], {"queues": ready})
         return len(rows)
+
+    def _known_events(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Return validated todos once the events they name by id exist (one lookup a batch)."""
+        named = {params["event_id"] for params in batch if params["event_given_by_id"]}
+        if named:
+            from switchboard_todos.models import Event
+
+            found = Event.objects.using(self._db_alias).filter(pk__in=named).values_list("pk")
+            missing = named - {pk for (pk,) in found}
+            if missing:
+                raise InvalidTodo(f"event {min(missing)!r} does not exist.")
+        return batch
 
     def _create(self, params: Mapping[str, Any]) -> tuple[Todo, bool]:
         """Run `create_todo` with validated parameters."""
@@ -307,8 +306,8 @@ class TodoManager(models.Manager["Todo"]):
         wait: Seconds | None,
     ) -> list[Todo]:
         """`claim_batch` and its twin, one code: `io` claims, subscribes and waits, each its way."""
-        params = _claim_params(queues, owner, ttl, limit)
-        seconds = 0.0 if wait is None else validation.wait(wait)
+        params = validation.arguments(queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait)
+        seconds = params.pop("wait")
         claimed = await io.claim(params)
         if claimed or not seconds:
             return claimed
@@ -329,25 +328,21 @@ class TodoManager(models.Manager["Todo"]):
 
     def claim(self, todo_id: str, owner: str, ttl: Seconds) -> Todo:
         """Claim one todo by id; it must be due, and assigned to `owner` or to nobody."""
-        params = {"todo_id": todo_id, "owner": validation.owner(owner), "ttl": validation.ttl(ttl)}
+        params = validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl)
         return self._transition("claim", params) or self._classify_miss("claim", todo_id, owner)
 
     # The owner's verbs
 
     def heartbeat(self, todo_id: str, owner: str, ttl: Seconds) -> Todo:
         """Extend the lease on a todo `owner` holds to `ttl` from now."""
-        params = {"todo_id": todo_id, "owner": validation.owner(owner), "ttl": validation.ttl(ttl)}
+        params = validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl)
         return self._transition("heartbeat", params) or self._classify_miss(
             "heartbeat", todo_id, owner
         )
 
     def complete(self, todo_id: str, owner: str, result: Any = None) -> Todo:
         """Mark a todo `owner` holds done, storing `result` (any JSON value)."""
-        params = {
-            "todo_id": todo_id,
-            "owner": validation.owner(owner),
-            "result": None if result is None else validation.json_text(result, "result"),
-        }
+        params = validation.arguments(todo_id=todo_id, owner=owner, result=result)
         return self._transition("complete", params) or self._classify_miss(
             "complete", todo_id, owner
         )
@@ -357,19 +352,16 @@ class TodoManager(models.Manager["Todo"]):
 
         Returns the ids completed; the others were no longer held by `owner`.
         """
-        params: dict[str, Any] = {
-            "owner": validation.owner(owner),
-            "ids": list(results),
-            "results": [
-                None if value is None else validation.json_text(value, "result")
-                for value in results.values()
-            ],
-        }
-        if not results:
+        checked = validation.arguments(owner=owner, results=results)
+        ids, values = checked["results"]
+        if not ids:
             return []
+        params = {"owner": checked["owner"], "ids": ids, "results": values}
         with self._cursor() as cursor:
             cursor.execute(queries["complete_many"], params)
-            return [todo_id for (todo_id,) in cursor.fetchall()]
+            done = [todo_id for (todo_id,) in cursor.fetchall()]
+        self._signal("complete_many", lambda: self._reread(done))
+        return done
 
     def fail(
         self, todo_id: str, owner: str, error: Any = None, retry_in: Seconds | None = None
@@ -379,10 +371,7 @@ class TodoManager(models.Manager["Todo"]):
         `error` is a message, a dict, or an exception; `retry_in` overrides the backoff.
         """
         params = {
-            "todo_id": todo_id,
-            "owner": validation.owner(owner),
-            "error": validation.error(error),
-            "retry_in": None if retry_in is None else validation.delay(retry_in, "retry_in"),
+            **validation.arguments(todo_id=todo_id, owner=owner, error=error, retry_in=retry_in),
             "delays": retry_schedule(
                 base=conf.BACKOFF_BASE, cap=conf.BACKOFF_MAX, jitter=conf.BACKOFF_JITTER
             ),
@@ -393,9 +382,7 @@ class TodoManager(models.Manager["Todo"]):
     def release(self, todo_id: str, owner: str, delay: Seconds | None = None) -> Todo:
         """Give a lease back: pending again (after `delay`), the attempt not counted."""
         params = {
-            "todo_id": todo_id,
-            "owner": validation.owner(owner),
-            "delay": validation.delay(0 if delay is None else delay, "delay"),
+            **validation.arguments(todo_id=todo_id, owner=owner, delay=delay),
             "notify": conf.LISTEN,
         }
         return self._transition("release", params) or self._classify_miss("release", todo_id, owner)
@@ -406,17 +393,18 @@ class TodoManager(models.Manager["Todo"]):
         """Requeue every todo whose lease lapsed, or dead-letter it when no attempt is left."""
         with self._cursor() as cursor:
             cursor.execute(queries["reap_expired"], {"notify": conf.LISTEN})
-            requeued, dead_lettered = cursor.fetchone()
+            requeued, dead_lettered, ids = cursor.fetchone()
+        self._signal("reap_expired", lambda: self._reread(ids))
         return ReapResult(requeued=requeued, dead_lettered=dead_lettered)
 
     def requeue(self, todo_id: str) -> Todo:
         """Send a dead letter back to pending with its attempt budget reset."""
-        requeued = self._requeue(validation.todo_ids([todo_id]))
+        requeued = self._requeue([validation.arguments(todo_id=todo_id)["todo_id"]])
         return requeued[0] if requeued else self._classify_miss("requeue", todo_id, None)
 
     def requeue_many(self, todo_ids: Iterable[str]) -> BatchResult:
         """Requeue many dead letters in one statement; of several sharing a key, the newest."""
-        ids = validation.todo_ids(todo_ids)
+        ids = validation.arguments(todo_ids=todo_ids)["todo_ids"]
         return self._batch_result("requeue", ids, self._requeue(ids))
 
     def _requeue(self, ids: list[str]) -> list[Todo]:
@@ -434,28 +422,30 @@ class TodoManager(models.Manager["Todo"]):
 
     def expire_lease(self, todo_id: str) -> Todo:
         """Make a claimed todo's lease lapse now, so the reaper or the next claim takes it back."""
-        params = {"ids": validation.todo_ids([todo_id]), "notify": conf.LISTEN}
+        params = {"ids": [validation.arguments(todo_id=todo_id)["todo_id"]], "notify": conf.LISTEN}
         return self._transition("expire_lease", params) or self._classify_miss(
             "expire_lease", todo_id, None
         )
 
     def expire_lease_many(self, todo_ids: Iterable[str]) -> BatchResult:
         """Expire the leases of many claimed todos in one statement."""
-        ids = validation.todo_ids(todo_ids)
+        ids = validation.arguments(todo_ids=todo_ids)["todo_ids"]
         expired = self._rows("expire_lease", {"ids": ids, "notify": conf.LISTEN})
         return self._batch_result("expire_lease", ids, expired)
 
     def dead_letter(self, todo_id: str, reason: str) -> Todo:
         """Cancel a pending todo: failed (a dead letter), `reason` kept as its result and error."""
-        params = {"ids": validation.todo_ids([todo_id]), "reason": validation.reason(reason)}
+        checked = validation.arguments(todo_id=todo_id, reason=reason)
+        params = {"ids": [checked["todo_id"]], "reason": checked["reason"]}
         return self._transition("dead_letter", params) or self._classify_miss(
             "dead_letter", todo_id, None
         )
 
     def dead_letter_many(self, todo_ids: Iterable[str], reason: str) -> BatchResult:
         """Cancel many pending todos in one statement."""
-        ids = validation.todo_ids(todo_ids)
-        changed = self._rows("dead_letter", {"ids": ids, "reason": validation.reason(reason)})
+        checked = validation.arguments(todo_ids=todo_ids, reason=reason)
+        ids = checked["todo_ids"]
+        changed = self._rows("dead_letter", {"ids": ids, "reason": checked["reason"]})
         return self._batch_result("dead_letter", ids, changed)
 
     # The machinery every transition shares
@@ -519,7 +509,20 @@ class TodoManager(models.Manager["Todo"]):
                 values[index] = field.from_db_value(values[index], field.cached_col, connection)
             todo = self.model.from_db(alias, layout.attnames, values)
             loaded.append((todo, None if layout.extra is None else row[layout.extra]))
+        self._signal(name, lambda: loaded)
         return loaded
+
+    def _signal(self, name: str, rows: Callable[[], list[tuple[Todo, Any]]]) -> None:
+        """Send statement `name`'s lifecycle signals (signals.SENT_BY) if a receiver listens.
+
+        The one place every transition's rows pass; `rows` is called only when one does.
+        """
+        if signals.listened(name, self.model):
+            signals.send(name, self.model, rows())
+
+    def _reread(self, ids: list[str]) -> list[tuple[Todo, Any]]:
+        """The todos of a statement that returns only ids, for its signals (one more query)."""
+        return [(todo, None) for todo in self.filter(pk__in=ids)] if ids else []
 
     def _rows(self, name: str, params: Mapping[str, Any]) -> list[Todo]:
         """Run statement `name` and return the todos it returned."""
@@ -622,67 +625,6 @@ def _run_now(coroutine: Coroutine[Any, Any, R]) -> R:
     raise RuntimeError("A coroutine run synchronously suspended.")
 
 
-def _claim_params(
-    queues: str | Iterable[str], owner: str, ttl: Seconds, limit: int
-) -> dict[str, Any]:
-    """Validate `claim_batch`'s arguments into the statement's parameters."""
-    return {
-        "queues": validation.queues(queues),
-        "owner": validation.owner(owner),
-        "ttl": validation.ttl(ttl),
-        "limit": validation.whole_number(limit, "limit", 1, validation.CLAIM_BATCH_LIMIT),
-    }
-
-
-def _creation_params(
-    *,
-    queue: str = "default",
-    kind: str = "",
-    title: str = "",
-    payload: dict[str, Any] | None = None,
-    source: str = "",
-    idempotency_key: str | None = None,
-    assignee: str | None = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    event: Event | str | None = None,
-    run_after: datetime | None = None,
-) -> dict[str, Any]:
-    """Validate `create_todo`'s arguments into the statement's parameters.
-
-    Arguments left at their default skip their check: batches call this once per row.
-    """
-    checked_kind = validation.kind(kind)
-    checked_title = (
-        title if title == "" else validation.text(title, "title", validation.TITLE_MAX_LENGTH)
-    )
-    if not checked_kind and not checked_title.strip():
-        raise InvalidTodo("A todo needs a kind or a title; both are empty.")
-    return {
-        "queue": validation.queue(queue),
-        "kind": checked_kind,
-        "title": checked_title,
-        "payload": validation.payload(payload),
-        "source": (
-            source
-            if source == ""
-            else validation.text(source, "source", validation.SOURCE_MAX_LENGTH)
-        ),
-        "idempotency_key": (
-            None if idempotency_key is None else validation.idempotency_key(idempotency_key)
-        ),
-        "assignee": None if assignee is None else validation.assignee(assignee),
-        "max_attempts": (
-            DEFAULT_MAX_ATTEMPTS
-            if max_attempts == DEFAULT_MAX_ATTEMPTS and type(max_attempts) is int
-            else validation.whole_number(
-                max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT
-            )
-        ),
-        "event_id": None if event is None else _event_id(event),
-        "run_after": None if run_after is None else validation.run_after(run_after),
-    }
-
-
 #: `enqueue_many`'s COPY columns: the table's name for each, and the value that leaves it to the
 #: database default.
 _ALWAYS = object()
@@ -697,14 +639,6 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
     "max_attempts": ("max_attempts", DEFAULT_MAX_ATTEMPTS),
     "run_after": ("next_retry_at", None),
 }
-
-
-def _event_id(event: Event | str | None) -> str | None:
-    if event is None or isinstance(event, str):
-        return event
-    if getattr(event, "pk", None) is None:
-        raise InvalidTodo("event must be a saved Event (or its id).")
-    return str(event.pk)
 
 
 def _constraint_name(error: IntegrityError) -> str | None:

@@ -1,6 +1,9 @@
 """Input checks for the todo API: each returns the value as the SQL wants it or raises InvalidTodo.
 
-Every check runs before any statement, so bad input never writes anything. The limits are
+Every check runs before any statement, so bad input never writes anything, and nothing a caller
+passes reaches the database as a DataError, a UnicodeEncodeError or a RecursionError. The
+manager's methods go through one path: `arguments()` for the transitions (one check per
+argument name, `ARGUMENTS`) and `creations()` for every way of enqueueing. The limits are
 documented in the README; the columns themselves are unbounded `text`, as in the seed schema.
 """
 
@@ -10,16 +13,22 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils import timezone
 
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
+
+if TYPE_CHECKING:
+    from switchboard_todos.models import Event
 
 Seconds = timedelta | int | float
+R = TypeVar("R")
 
 QUEUE_MAX_LENGTH = 100
 KIND_MAX_LENGTH = 200
@@ -39,6 +48,10 @@ MAX_LEASE = timedelta(hours=12)
 MAX_DELAY = timedelta(days=30)
 #: Longest blocking claim (`wait=`); SQS stops at 20 seconds, HTTP long polls near a minute.
 MAX_WAIT = timedelta(minutes=15)
+#: Deepest nesting of arrays and objects in a payload, result or error. Python's JSON parser
+#: recurses once per level: a value that nests near the interpreter's recursion limit could be
+#: stored, then fail to load in a worker whose stack is already deeper.
+MAX_JSON_DEPTH = 200
 
 _QUEUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 _NO_SPACE = re.compile(r"\S+")
@@ -55,7 +68,20 @@ def text(value: object, name: str, max_length: int, *, required: bool = False) -
         raise InvalidTodo(f"{name} is {len(value)} characters long; the limit is {max_length}.")
     if "\x00" in value:
         raise InvalidTodo(f"{name} must not contain NUL characters.")
+    if not value.isascii():  # isascii is a flag lookup: ASCII text pays nothing more
+        _encodable(value, name)
     return value
+
+
+def _encodable(value: str, name: str) -> bytes:
+    """`value` as UTF-8; a lone surrogate (what os.fsdecode makes of bad bytes) is refused."""
+    try:
+        return value.encode()
+    except UnicodeEncodeError as error:
+        raise InvalidTodo(
+            f"{name} contains an unpaired surrogate ({value[error.start]!r} at position "
+            f"{error.start}), which is not valid Unicode text; PostgreSQL cannot store it."
+        ) from None
 
 
 def identifier(value: object, name: str, max_length: int) -> str:
@@ -95,7 +121,12 @@ def queue(value: object) -> str:
 
 def queues(value: str | Iterable[str]) -> list[str]:
     """One queue name or several, without duplicates, in the order given."""
-    names = [value] if isinstance(value, str) else list(value)
+    try:
+        names = [value] if isinstance(value, str) else list(value)
+    except TypeError:
+        raise InvalidTodo(
+            f"queues must be a queue name or a list of them, not {type(value).__name__}."
+        ) from None
     if not names:
         raise InvalidTodo("queues must name at least one queue.")
     return list(dict.fromkeys(queue(name) for name in names))
@@ -124,13 +155,18 @@ def assignee(value: object) -> str | None:
     return identifier(value, "assignee", OWNER_MAX_LENGTH)
 
 
+def todo_id(value: object, name: str = "todo id") -> str:
+    """A todo's (or event's) id: a non-blank str; any format, as other services insert rows too."""
+    return text(value, name, TODO_ID_MAX_LENGTH, required=True)
+
+
 def todo_ids(values: Iterable[str]) -> list[str]:
     """Ids for an operator batch: 1 to OPERATOR_BATCH_LIMIT strs, repeats dropped, order kept."""
     if isinstance(values, str):
         raise InvalidTodo("todo_ids must be a list of ids, not a single str.")
-    ids = list(
-        dict.fromkeys(text(value, "todo id", TODO_ID_MAX_LENGTH, required=True) for value in values)
-    )
+    if isinstance(values, bytes | Mapping) or not isinstance(values, Iterable):
+        raise InvalidTodo(f"todo_ids must be a list of ids, not {type(values).__name__}.")
+    ids = list(dict.fromkeys(todo_id(value) for value in values))
     if not ids:
         raise InvalidTodo("todo_ids must name at least one todo.")
     if len(ids) > OPERATOR_BATCH_LIMIT:
@@ -202,8 +238,14 @@ def run_after(value: object) -> datetime | None:
     return value
 
 
-#: Shared, because json.dumps with any option builds a new encoder on every call.
-_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+#: Shared, because json.dumps with any option builds a new encoder on every call. Text is kept
+#: as it is (not escaped to ASCII), so that encoding it to UTF-8 finds any lone surrogate.
+_JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+#: A JSON string, escapes included; and every character but the brackets that nest.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+#: A NUL character as the encoder writes it: \u0000 after an even number of backslashes.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def json_text(value: Any, name: str) -> str:
@@ -212,13 +254,31 @@ def json_text(value: Any, name: str) -> str:
         serialized = _JSON.encode(value)
     except (TypeError, ValueError) as error:
         raise InvalidTodo(f"{name} is not JSON-serializable: {error}") from error
-    if "\\u0000" in serialized:
+    except RecursionError:
+        raise InvalidTodo(
+            f"{name} nests arrays and objects too deeply; the limit is {MAX_JSON_DEPTH} levels."
+        ) from None
+    if "\\u0000" in serialized and _JSON_NUL.search(serialized):
         raise InvalidTodo(f"{name} must not contain NUL characters (PostgreSQL rejects them).")
+    size = len(serialized) if serialized.isascii() else len(_encodable(serialized, name))
     limit = conf.MAX_JSON_BYTES
-    size = len(serialized)  # ASCII: the encoder escapes everything else, one byte a character
     if size > limit:
         raise InvalidTodo(f"{name} is {size} bytes as JSON; the limit is {limit}.")
+    # Fewer brackets than the limit cannot nest deeper than it: most values stop here.
+    if serialized.count("[") + serialized.count("{") > MAX_JSON_DEPTH:
+        depth = _nesting(serialized)
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidTodo(
+                f"{name} nests arrays and objects {depth} levels deep; the limit is "
+                f"{MAX_JSON_DEPTH}."
+            )
     return serialized
+
+
+def _nesting(serialized: str) -> int:
+    """How deep the arrays and objects of a JSON text nest (brackets inside strings aside)."""
+    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", serialized))
+    return max(accumulate(1 if bracket in "[{" else -1 for bracket in brackets), default=0)
 
 
 def payload(value: Any) -> str:
@@ -236,7 +296,14 @@ def error(value: object) -> str:
         detail: dict[str, Any] = {"type": "", "message": ""}
     elif isinstance(value, BaseException):
         exc_type = type(value)
-        detail = {"type": f"{exc_type.__module__}.{exc_type.__qualname__}", "message": str(value)}
+        try:
+            message = str(value)
+        except Exception as failure:
+            raise InvalidTodo(
+                f"error is an exception whose str() raised {type(failure).__name__}; pass "
+                "its message as a str instead."
+            ) from failure
+        detail = {"type": f"{exc_type.__module__}.{exc_type.__qualname__}", "message": message}
     elif isinstance(value, str):
         detail = {"type": "", "message": value}
     elif isinstance(value, dict):
@@ -246,3 +313,141 @@ def error(value: object) -> str:
             f"error must be a str, a dict or an exception, not {type(value).__name__}."
         )
     return json_text(detail, "error")
+
+
+def result(value: Any) -> str | None:
+    """What a completed todo returned: any JSON value; None stores SQL NULL."""
+    return None if value is None else json_text(value, "result")
+
+
+def results(value: object) -> tuple[list[str], list[str | None]]:
+    """`complete_many`'s mapping of todo id to result, as the statement's two arrays."""
+    if type(value) is not dict and not isinstance(value, Mapping):
+        raise InvalidTodo(f"results must map todo ids to results, not {type(value).__name__}.")
+    return [todo_id(key) for key in value], [result(item) for item in value.values()]
+
+
+def event(value: Event | str | None) -> str | None:
+    """The event a todo points back to: a saved Event, or an event id (looked up before insert)."""
+    if value is None:
+        return None
+    from switchboard_todos.models import Event
+
+    if isinstance(value, Event):
+        if value._state.adding:
+            raise InvalidTodo("event must be a saved Event (or its id); this one is not saved.")
+        return todo_id(value.pk, "event")
+    if isinstance(value, str):
+        return todo_id(value, "event")
+    raise InvalidTodo(f"event must be an Event or its id (a str), not {type(value).__name__}.")
+
+
+#: `create_todo`'s arguments and their defaults; each mapping of a batch takes the same keys.
+CREATION_DEFAULTS: dict[str, Any] = {
+    "queue": "default",
+    "kind": "",
+    "title": "",
+    "payload": None,
+    "source": "",
+    "idempotency_key": None,
+    "assignee": None,
+    "max_attempts": DEFAULT_MAX_ATTEMPTS,
+    "event": None,
+    "run_after": None,
+}
+_CREATION_ARGUMENTS = frozenset(CREATION_DEFAULTS)
+
+
+def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate one todo's `create_todo` arguments into the insert's parameters.
+
+    Arguments left at their default skip their check: batches call this once per row.
+    `event_given_by_id` says whether the event was named by a str id, which the manager looks
+    up before inserting (a saved Event needs no lookup).
+    """
+    if type(spec) is not dict and not isinstance(spec, Mapping):  # dict first: ABCs are slow
+        raise InvalidTodo(f"a todo must be a mapping of arguments, not {type(spec).__name__}.")
+    if not _CREATION_ARGUMENTS.issuperset(spec):
+        unknown = spec.keys() - _CREATION_ARGUMENTS
+        raise InvalidTodo(f"unknown arguments: {', '.join(sorted(map(repr, unknown)))}.")
+    get = spec.get
+    checked_kind = kind(get("kind", ""))
+    title = get("title", "")
+    checked_title = title if title == "" else text(title, "title", TITLE_MAX_LENGTH)
+    if not checked_kind and not checked_title.strip():
+        raise InvalidTodo("A todo needs a kind or a title; both are empty.")
+    source, key, holder, attempts, given_event, after = (
+        get("source", ""),
+        get("idempotency_key"),
+        get("assignee"),
+        get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+        get("event"),
+        get("run_after"),
+    )
+    return {
+        "queue": queue(get("queue", "default")),
+        "kind": checked_kind,
+        "title": checked_title,
+        "payload": payload(get("payload")),
+        "source": source if source == "" else text(source, "source", SOURCE_MAX_LENGTH),
+        "idempotency_key": None if key is None else idempotency_key(key),
+        "assignee": None if holder is None else assignee(holder),
+        "max_attempts": (
+            attempts
+            if attempts == DEFAULT_MAX_ATTEMPTS and type(attempts) is int
+            else whole_number(attempts, "max_attempts", 1, MAX_ATTEMPTS_LIMIT)
+        ),
+        "event_id": None if given_event is None else event(given_event),
+        "event_given_by_id": isinstance(given_event, str),
+        "run_after": None if after is None else run_after(after),
+    }
+
+
+def creations(todos: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Validate a batch of todos (`create_many`, `enqueue_many`), naming the first bad one."""
+    if isinstance(todos, str | bytes | Mapping) or not isinstance(todos, Iterable):
+        raise InvalidTodo(f"todos must be a list of mappings, not {type(todos).__name__}.")
+    batch = []
+    for number, spec in enumerate(todos):
+        try:
+            batch.append(creation(spec))
+        except InvalidTodo as error:
+            raise InvalidTodo(f"todo #{number}: {error}") from error
+    return batch
+
+
+def optional(check: Callable[[Any], R], default: R | None = None) -> Callable[[Any], R | None]:
+    """`check` for an argument that may be None, which stands for `default`."""
+
+    def checked(value: Any) -> R | None:
+        return default if value is None else check(value)
+
+    return checked
+
+
+#: The check of each argument of the manager's transitions, by name: an argument means the same
+#: wherever it appears, and a new method is validated by naming its arguments.
+ARGUMENTS: dict[str, Callable[[Any], Any]] = {
+    "todo_id": todo_id,
+    "todo_ids": todo_ids,
+    "owner": owner,
+    "queues": queues,
+    "ttl": ttl,
+    "limit": lambda value: whole_number(value, "limit", 1, CLAIM_BATCH_LIMIT),
+    "wait": optional(wait, 0.0),
+    "result": result,
+    "results": results,
+    "error": error,
+    "retry_in": optional(lambda value: delay(value, "retry_in")),
+    "delay": optional(lambda value: delay(value, "delay"), timedelta(0)),
+    "reason": reason,
+}
+
+
+def arguments(**given: Any) -> dict[str, Any]:
+    """Check a transition's arguments, each by its name's rule in ARGUMENTS; return them checked.
+
+    The one way into the manager's statements: every public method calls it (or `creations`)
+    before it runs anything.
+    """
+    return {name: ARGUMENTS[name](value) for name, value in given.items()}

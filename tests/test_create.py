@@ -193,7 +193,7 @@ def test_create_many_validates_everything_first(db: None) -> None:
     """One bad todo in a batch raises, naming it, and writes none of the batch."""
     with pytest.raises(InvalidTodo, match="todo #1: max_attempts"):
         Todo.objects.create_many([{"kind": "k"}, {"kind": "k", "max_attempts": 0}])
-    with pytest.raises(InvalidTodo, match="todo #0: .*unexpected keyword argument 'colour'"):
+    with pytest.raises(InvalidTodo, match="todo #0: unknown arguments: 'colour'"):
         Todo.objects.create_many([{"kind": "k", "colour": "red"}])
     assert not Todo.objects.exists()
     assert Todo.objects.create_many([]) == []
@@ -275,7 +275,7 @@ def test_enqueue_many_refuses_keys_and_bad_rows_before_writing(db: None) -> None
         Todo.objects.enqueue_many([{"kind": "k"}, {"kind": "k", "idempotency_key": "x"}])
     with pytest.raises(InvalidTodo, match="todo #0: queue"):
         Todo.objects.enqueue_many([{"kind": "k", "queue": "bad queue"}])
-    with pytest.raises(InvalidTodo, match="todo #0: .*unexpected keyword argument"):
+    with pytest.raises(InvalidTodo, match="todo #0: unknown arguments: .colour."):
         Todo.objects.enqueue_many([{"kind": "k", "colour": "red"}])
     assert not Todo.objects.exists()
     assert Todo.objects.enqueue_many([]) == 0

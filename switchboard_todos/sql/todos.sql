@@ -298,11 +298,12 @@ reaped AS (
            updated_at = now()
       FROM lapsed
      WHERE todos.id = lapsed.id
-    RETURNING todos.state, todos.queue
+    RETURNING todos.id, todos.state, todos.queue
 ),
 {{notified_per_queue(reaped WHERE state = 'pending' AND %(notify)s)}}
 SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
-       count(*) FILTER (WHERE state = 'failed') AS dead_lettered
+       count(*) FILTER (WHERE state = 'failed') AS dead_lettered,
+       coalesce(array_agg(id), '{}') AS ids
   FROM reaped
  WHERE (SELECT count(*) FROM notified) >= 0;
 

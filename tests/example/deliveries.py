@@ -30,6 +30,7 @@ def deliver(
     event: str | None = "push",
     signature: str | None = None,
     secret: str = SECRET,
+    content_type: str = "application/json",
     **headers: str,
 ) -> Response:
     """POST a delivery signed with `secret` unless `signature` is given ("" sends none)."""
@@ -43,6 +44,6 @@ def deliver(
     if event is not None:
         sent["X-GitHub-Event"] = event
     response: Response = client.post(
-        f"/hooks/{source}/", data=body, content_type="application/json", headers=sent
+        f"/hooks/{source}/", data=body, content_type=content_type, headers=sent
     )
     return response

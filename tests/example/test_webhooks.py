@@ -208,12 +208,52 @@ GOOD = json.dumps(PUSH).encode()
             {"signature": "", "delivery": None, "body": b"{"}, 401, "missing", id="unsigned-first"
         ),
         pytest.param({"body": b'{"ref": '}, 400, "not valid JSON", id="truncated-json"),
-        pytest.param({"body": b""}, 400, "not valid JSON", id="empty-body"),
+        pytest.param(
+            {"body": b"", "content_type": "application/json"},
+            415,
+            "no Content-Type",
+            id="empty-body",
+        ),  # the test client sends no type without a body
         pytest.param({"body": b"\xff\xfe{}"}, 400, "not valid JSON", id="not-utf8"),
         pytest.param({"body": b'{"n": NaN}'}, 400, "NaN is not a JSON number", id="nan"),
         pytest.param({"body": b"[1, 2]"}, 400, "must be a JSON object, not an array", id="array"),
         pytest.param({"body": b'"push"'}, 400, "not a string", id="string"),
         pytest.param({"body": b'{"a": "\\u0000"}'}, 400, "NUL characters", id="nul"),
+        pytest.param(
+            {"body": b'{"a": "\\ud800"}'},
+            400,
+            "payload contains an unpaired surrogate",
+            id="lone-surrogate",
+        ),
+        pytest.param(
+            {"body": b'{"\\udfff": 1}'}, 400, "unpaired surrogate", id="lone-surrogate-key"
+        ),
+        pytest.param(
+            {"body": b'{"a":' * 5000 + b"{}" + b"}" * 5000},
+            400,
+            "nests arrays and objects too",
+            id="5000-deep",
+        ),
+        pytest.param(
+            {"body": b'{"a":' * 300 + b"{}" + b"}" * 300},
+            400,
+            "301 levels deep",
+            id="past-the-depth-limit",
+        ),
+        pytest.param({"content_type": "text/plain"}, 415, "not text/plain", id="text-plain"),
+        pytest.param(
+            {"content_type": "application/x-www-form-urlencoded"},
+            415,
+            "form-encoded",
+            id="form-encoded",
+        ),
+        pytest.param({"content_type": ""}, 415, "with no Content-Type", id="no-content-type"),
+        pytest.param(
+            {"content_type": "text/plain", "signature": ""},
+            401,
+            "missing",
+            id="unsigned-before-media-type",
+        ),
         pytest.param({"delivery": None}, 400, "needed to recognise the same delivery", id="no-id"),
         pytest.param({"delivery": "k" * 300}, 400, "delivery_id is 300", id="long-id"),
         pytest.param({"delivery": "k" * 250}, 400, "idempotency_key is 257", id="long-key"),
@@ -230,6 +270,16 @@ def test_refused_delivery_writes_nothing(
     assert response.status_code == status
     assert message in response.json()["error"]
     assert rows() == (0, 0)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json; charset=utf-8", "Application/JSON", "application/vnd.github+json"],
+)
+def test_json_media_types_are_taken(client: Client, content_type: str) -> None:
+    """JSON with a charset, in any case, or as a vendor +json type, is a JSON body."""
+    assert deliver(client, content_type=content_type).status_code == 202
 
 
 @pytest.mark.django_db
