@@ -170,6 +170,7 @@ TRANSITIONS: dict[str, Transition] = {
             obstacles=(_ASSIGNED_ELSEWHERE, _WAITING, _LEASE_HELD, _NO_ATTEMPT_LEFT),
         ),
         _owner_guarded("heartbeat"),
+        _owner_guarded("heartbeat_many"),
         _owner_guarded("complete"),
         _owner_guarded("complete_many"),
         _owner_guarded("fail"),

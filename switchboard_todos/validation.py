@@ -240,7 +240,7 @@ def run_after(value: object) -> datetime | None:
 
 #: Shared, because json.dumps with any option builds a new encoder on every call. Text is kept
 #: as it is (not escaped to ASCII), so that encoding it to UTF-8 finds any lone surrogate.
-_JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+JSON_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 #: A JSON string, escapes included; and every character but the brackets that nest.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
@@ -251,7 +251,7 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 def json_text(value: Any, name: str) -> str:
     """Serialize `value` as the JSON the database will store, within MAX_JSON_BYTES."""
     try:
-        serialized = _JSON.encode(value)
+        serialized = JSON_ENCODER.encode(value)
     except (TypeError, ValueError) as error:
         raise InvalidTodo(f"{name} is not JSON-serializable: {error}") from error
     except RecursionError:

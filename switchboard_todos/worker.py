@@ -29,7 +29,6 @@ import secrets
 import socket
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -41,9 +40,9 @@ from asgiref.sync import async_to_sync
 from django.db import InterfaceError, OperationalError, connections, router
 from django.utils import timezone
 
-from switchboard_todos import handlers, validation
+from switchboard_todos import handlers, outcomes, validation
 from switchboard_todos.conf import conf
-from switchboard_todos.exceptions import TodoConflict, TodoNotFound, UnknownKind
+from switchboard_todos.exceptions import TodoConflict, TodoNotFound, UnknownKind, WorkerCrashed
 from switchboard_todos.listen import Doorbell, Listener, PollSchedule
 from switchboard_todos.models import State, Todo
 from switchboard_todos.shutdown import Shutdown
@@ -59,10 +58,6 @@ PREFETCH_WINDOW = 0.2
 UNSTARTED_LIMIT = 1.0
 #: A finished todo waits at most this long for its batch's acknowledgement.
 ACK_DELAY = 0.1
-#: Kept of a failure's traceback: the innermost frames, and at most this many characters.
-TRACEBACK_FRAMES = 30
-TRACEBACK_CHARS = 8000
-MESSAGE_CHARS = 2000
 #: Retries of a statement whose connection broke, after reconnecting.
 _DB_RETRIES = 3
 _CONNECTION_ERRORS = (OperationalError, InterfaceError)
@@ -71,17 +66,6 @@ _CONNECTION_ERRORS = (OperationalError, InterfaceError)
 def default_owner() -> str:
     """A worker id unique to this process: host, pid and a random suffix."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
-def error_detail(error: BaseException) -> dict[str, str]:
-    """What a failed attempt stores: the exception's type, message and trimmed traceback."""
-    kind = type(error)
-    lines = traceback.format_exception(kind, error, error.__traceback__, limit=-TRACEBACK_FRAMES)
-    return {
-        "type": f"{kind.__module__}.{kind.__qualname__}",
-        "message": str(error)[:MESSAGE_CHARS].replace("\x00", ""),
-        "traceback": "".join(lines)[-TRACEBACK_CHARS:].replace("\x00", ""),
-    }
 
 
 @dataclass
@@ -179,6 +163,7 @@ class Worker:
         self._stopping = threading.Event()
         self._finished = threading.Event()
         self._handlers: dict[str, handlers.Handler] = {}
+        self._crashed: list[str] = []
 
     # Running and stopping
 
@@ -197,6 +182,11 @@ class Worker:
         with Shutdown(every_signal=True) as signals:
             self._work(heartbeat, signals)
         logger.info("worker %s stopped: %s", self.owner, self.stats)
+        if self._crashed:
+            raise WorkerCrashed(
+                f"worker {self.owner}: {', '.join(self._crashed)} crashed (the traceback is "
+                "logged above); the todos it held were released or lapse with their leases."
+            )
         return self.stats
 
     def _work(self, heartbeat: threading.Thread, signals: Shutdown) -> None:
@@ -228,6 +218,17 @@ class Worker:
         """Stop claiming and let the todos in hand finish; safe from any thread."""
         self._stopping.set()
         self._doorbell.ring_all()
+
+    def _crash(self, thread: str) -> None:
+        """A worker thread died of a bug, not of a todo: stop, and make `run()` raise.
+
+        Called in the `except` block, so the traceback is logged. The process then exits
+        non-zero, and its supervisor (systemd's Restart=on-failure) starts a fresh one.
+        """
+        logger.exception("worker %s: %s crashed", self.owner, thread)
+        with self._lock:
+            self._crashed.append(thread)
+        self.stop()
 
     def _supervise(self, signals: Shutdown) -> None:
         started = time.monotonic()
@@ -288,8 +289,7 @@ class Worker:
             self._release_batch(runner)
             self._flush(runner)
         except Exception:
-            logger.exception("worker %s: runner %d crashed", self.owner, runner.index)
-            self.stop()
+            self._crash(f"runner {runner.index}")
         finally:
             connections.close_all()
 
@@ -345,9 +345,7 @@ class Worker:
         try:
             handler = self._handler(todo)
             held.finished = getattr(handler, "finished", None)
-            value = handler(todo)
-            if value is not None:
-                validation.json_text(value, "The handler's return value")
+            value = outcomes.result(handler(todo))
         except BaseException as error:
             seconds = time.perf_counter() - started
             runner.record(seconds)
@@ -404,6 +402,13 @@ class Worker:
             # Keep them for the next flush; their leases lapse if the database stays away.
             runner.acks = {**acks, **runner.acks}
             return
+        except Exception:
+            # The database refused one result, and with it the whole statement: store them
+            # one at a time, so that only the todo at fault fails.
+            logger.warning(
+                "worker %s: a batch acknowledgement was refused", self.owner, exc_info=True
+            )
+            stored = self._complete_each(runner, acks, results)
         with self._lock:
             self.stats.done += len(stored)
         for todo_id, (held, value, seconds) in acks.items():
@@ -417,22 +422,44 @@ class Worker:
                 todo.state, todo.result, todo.completed_at = State.DONE, value, timezone.now()
             self._finished_hook(held, todo)
 
+    def _complete_each(
+        self, runner: _Runner, acks: dict[str, tuple[_Held, Any, float]], results: dict[str, Any]
+    ) -> set[str]:
+        """Complete `results` one by one; a refused one fails its todo and leaves `acks`."""
+        stored = set()
+        for todo_id, value in results.items():
+            try:
+                Todo.objects.complete(todo_id, self.owner, value)
+            except (TodoConflict, TodoNotFound):
+                continue  # lost: reported with the others
+            except _CONNECTION_ERRORS as error:
+                self._disconnected("complete", error)
+                runner.acks[todo_id] = acks.pop(todo_id)  # the next flush tries again
+            except Exception as refusal:
+                held, _, seconds = acks.pop(todo_id)
+                self._running.pop(todo_id, None)
+                self._fail(held, refusal, seconds)
+            else:
+                stored.add(todo_id)
+        return stored
+
     def _fail(self, held: _Held, error: BaseException, seconds: float) -> None:
         todo = held.todo
         if held.lost or held.released:
             self._lost(held, seconds)
             return
         try:
-            stored = self._with_reconnect(
-                "fail", Todo.objects.fail, todo.id, self.owner, error_detail(error)
-            )
+            stored = self._store_failure(todo, error)
         except (TodoConflict, TodoNotFound):
             self._lost(held, seconds)
             return
-        except _CONNECTION_ERRORS:
+        except Exception as refusal:
+            # Not even the fixed-shape detail was stored: the lease lapses and the todo runs
+            # again, its attempt counted, so that it dead-letters at its cap all the same.
             _log(
                 todo,
-                "failed, not stored: it runs again when its lease lapses",
+                f"failed, not stored ({type(refusal).__name__}): it runs again when its "
+                "lease lapses",
                 seconds,
                 error=error,
                 level=logging.WARNING,
@@ -451,6 +478,24 @@ class Worker:
             level=logging.WARNING if dead else logging.INFO,
         )
         self._finished_hook(held, stored)
+
+    def _store_failure(self, todo: Todo, error: BaseException) -> Todo:
+        """Fail `todo` with the error's detail, or a fixed-shape one if that is refused."""
+        try:
+            return self._with_reconnect(
+                "fail", Todo.objects.fail, todo.id, self.owner, outcomes.error_detail(error)
+            )
+        except (TodoConflict, TodoNotFound, *_CONNECTION_ERRORS):
+            raise
+        except Exception as refusal:
+            logger.warning("todo %s: its error detail was refused", todo.id, exc_info=True)
+            return self._with_reconnect(
+                "fail",
+                Todo.objects.fail,
+                todo.id,
+                self.owner,
+                outcomes.fallback_error(error, refusal),
+            )
 
     def _finished_hook(self, held: _Held, stored: Todo) -> None:
         """Tell the handler its outcome is stored; its errors are logged, never raised."""
@@ -492,24 +537,44 @@ class Worker:
         """Extend the lease of each running todo when a third of the TTL has passed."""
         every = self.ttl / 3
         try:
-            while not self._finished.wait(min(every / 2, 1.0)):
-                for held in list(self._running.values()):
-                    if held.lost or held.released or time.monotonic() - held.leased_at < every:
-                        continue
-                    sent = time.monotonic()
-                    try:
-                        Todo.objects.heartbeat(held.todo.id, self.owner, self.ttl)
-                    except (TodoConflict, TodoNotFound) as error:
-                        held.lost = True
-                        logger.warning("todo %s: lease lost (%s)", held.todo.id, error)
-                    except _CONNECTION_ERRORS as error:
-                        self._disconnected("heartbeat", error)
-                        break
-                    else:
-                        held.leased_at = sent
-                self._release_stuck_batches()
+            self._beat(every)
+        except Exception:
+            self._crash("the heartbeat thread")
         finally:
             connections.close_all()
+
+    def _beat(self, every: float) -> None:
+        """Every half interval: one `heartbeat_many` for the todos due a beat.
+
+        The statement skips a todo whose row another session holds locked, so one locked row
+        costs no other lease; the skipped todo is due again at the next beat.
+        """
+        while not self._finished.wait(min(every / 2, 1.0)):
+            now = time.monotonic()
+            due = {
+                todo_id: held
+                for todo_id, held in list(self._running.items())
+                if not held.lost and not held.released and now - held.leased_at >= every
+            }
+            if due:
+                try:
+                    beats = Todo.objects.heartbeat_many(self.owner, self.ttl, list(due))
+                except _CONNECTION_ERRORS as error:
+                    self._disconnected("heartbeat", error)
+                else:
+                    for todo_id in beats.extended:
+                        due[todo_id].leased_at = now
+                    for todo_id in beats.lost:
+                        due[todo_id].lost = True
+                        logger.warning("todo %s: lease lost to another worker", todo_id)
+                    if skipped := len(due) - len(beats.extended) - len(beats.lost):
+                        logger.info(
+                            "worker %s: %d todos locked by another session; their leases are "
+                            "extended at the next beat",
+                            self.owner,
+                            skipped,
+                        )
+            self._release_stuck_batches()
 
     def _release_stuck_batches(self) -> None:
         """Release the waiting todos of any batch stuck behind a handler that overran."""
@@ -560,7 +625,7 @@ def _log(
 ) -> None:
     if not logger.isEnabledFor(level):
         return
-    detail = f" ({type(error).__name__}: {error})" if error is not None else ""
+    detail = f" ({type(error).__name__}: {outcomes.message(error)})" if error is not None else ""
     logger.log(
         level,
         "todo %s kind=%s attempt=%d %.3fs %s%s",

@@ -15,7 +15,7 @@ from django.db.models.functions import Now
 
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.models import State, Todo
-from switchboard_todos.worker import Worker, WorkerStats, default_owner, error_detail
+from switchboard_todos.worker import Worker, WorkerStats, default_owner
 from tests import worker_handlers  # noqa: F401 (registers the handlers)
 from tests.helpers import open_gate, started_lines, wait_until
 
@@ -75,6 +75,45 @@ def test_handlers_results_are_stored_in_batches(monkeypatch: pytest.MonkeyPatch)
     assert all(todo.result == todo.payload for todo in todos)
     assert sum(calls) == 300
     assert len(calls) < 300 / 10, f"acknowledged in {len(calls)} statements"
+
+
+@pytest.fixture
+def refusing_table() -> Iterator[None]:
+    """A constraint a DBA might add: the database refuses some results and error messages."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE todos ADD CONSTRAINT refuses_some CHECK ("
+            "coalesce(result->>'x', '') <> 'refuse' "
+            "AND coalesce(result->>'message', '') NOT LIKE 'refuse%%')"
+        )
+    yield
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ALTER TABLE todos DROP CONSTRAINT refuses_some")
+
+
+def test_a_refused_result_fails_its_todo_and_no_other(refusing_table: None) -> None:
+    """The database refuses one result of a batch: the others are acknowledged, that todo
+    fails with the refusal as its error, and the worker goes on."""
+    payloads = [{"x": "refuse" if n == 7 else "fine", "n": n} for n in range(20)]
+    Todo.objects.create_many([{"kind": "test.echo", "payload": payload} for payload in payloads])
+    stats = Worker(max_todos=20, batch_size=20).run()
+    assert (stats.done, stats.failed) == (19, 1)
+    refused = Todo.objects.get(payload__n=7)
+    assert refused.state == State.PENDING
+    assert refused.errors[0]["error"]["type"] == "django.db.utils.IntegrityError"
+    assert "refuses_some" in refused.errors[0]["error"]["message"]
+
+
+def test_a_refused_error_detail_is_stored_in_a_fixed_shape(refusing_table: None) -> None:
+    """The database refuses the error's own detail: the failure is stored all the same."""
+    todo, _ = Todo.objects.create_todo(kind="test.boom", payload={"message": "refuse me"})
+    stats = Worker(max_todos=1).run()
+    assert stats.failed == 1
+    error = Todo.objects.get(pk=todo.pk).errors[0]["error"]
+    assert error["type"] == "builtins.ValueError"
+    assert error["message"].startswith(
+        "The handler failed, and its error could not be stored (IntegrityError:"
+    )
 
 
 def test_a_failure_stores_type_message_and_traceback() -> None:
@@ -277,28 +316,6 @@ def test_bad_arguments_are_refused(arguments: dict[str, Any], message: str) -> N
     """A misconfigured worker fails at construction with InvalidTodo."""
     with pytest.raises(InvalidTodo, match=message):
         Worker(**arguments)
-
-
-def test_error_detail_trims_the_traceback_to_the_innermost_frames() -> None:
-    """Deep recursion keeps the frames nearest the error, within the size limit."""
-
-    def ping(depth: int) -> None:
-        if depth == 0:
-            raise RuntimeError("deep\x00down")
-        pong(depth - 1)
-
-    def pong(depth: int) -> None:
-        ping(depth - 1)
-
-    with pytest.raises(RuntimeError) as caught:
-        ping(200)
-    detail = error_detail(caught.value)
-    assert detail["type"] == "builtins.RuntimeError"
-    assert detail["message"] == "deepdown"
-    trace = detail["traceback"]
-    assert trace.count(", in ping") + trace.count(", in pong") == 30
-    assert trace.rstrip().endswith("RuntimeError: deepdown")
-    assert len(trace) <= 8000
 
 
 def test_the_command_runs_a_worker(caplog: pytest.LogCaptureFixture) -> None:

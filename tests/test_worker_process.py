@@ -146,6 +146,49 @@ def test_terminated_connections_are_reopened_and_nothing_is_lost(spawn: Spawn) -
     assert child.said("lost the database connection"), child.output
 
 
+def test_a_poison_todo_stops_no_worker_of_a_fleet(spawn: Spawn) -> None:
+    """Reproduction: an outcome PostgreSQL cannot store (a lone surrogate in the error or the
+    result, an exception whose str() raises) used to crash the runner and end the worker with
+    status 0; the todo's next worker died too. Now each is that todo's problem only."""
+    good = Todo.objects.create_many([{"kind": "test.noop"} for _ in range(1000)])
+    message, _ = Todo.objects.create_todo(kind="test.poison_message", max_attempts=2)
+    unprintable, _ = Todo.objects.create_todo(kind="test.poison_str", max_attempts=1)
+    result, _ = Todo.objects.create_todo(kind="test.poison_result")
+    fleet = [Child(spawn, "--concurrency", "2", "--verbosity", "0") for _ in range(3)]
+    wait_until(
+        lambda: (
+            Todo.objects.filter(state=State.DONE).count() == len(good) + 1
+            and Todo.objects.filter(state=State.FAILED).count() == 2
+        ),
+        "every good todo done and both poison todos dead-lettered",
+        timeout=90,
+    )
+    assert [child.process.poll() for child in fleet] == [None] * 3, "a worker exited"
+    failed = Todo.objects.get(pk=message.pk)
+    assert failed.attempt == 2
+    assert [entry["error"]["message"] for entry in failed.errors] == [
+        "cannot open report-\\udcff.csv"
+    ] * 2
+    assert (
+        Todo.objects.get(pk=unprintable.pk).errors[0]["error"]["message"] == "Unprintable('hidden')"
+    )
+    assert Todo.objects.get(pk=result.pk).result == {"file": "report-\\udcff.csv", "nul": "ab"}
+    for child in fleet:
+        child.signal(signal.SIGTERM)
+    assert [child.exit_code() for child in fleet] == [0] * 3
+
+
+def test_a_worker_whose_runner_dies_exits_non_zero(spawn: Spawn) -> None:
+    """A bug in the worker (not in a todo) ends the process with status 1 for systemd to
+    restart it, instead of a silent exit 0 that Restart=on-failure ignores."""
+    todo, _ = Todo.objects.create_todo(kind="test.noop")
+    child = Child(spawn, "--import-module", "tests.crash_runner", "--concurrency", "2")
+    assert child.exit_code() == 1, child.output
+    assert child.said("runner 0 crashed") or child.said("runner 1 crashed"), child.output
+    assert child.said("RuntimeError: a bug in the runner loop"), child.output
+    assert Todo.objects.get(pk=todo.pk).state in (State.PENDING, State.CLAIMED)
+
+
 def test_bad_arguments_are_usage_errors(spawn: Spawn) -> None:
     """Validation happens in argparse: a clear message and exit status 2, nothing claimed."""
     child = Child(spawn, "--concurrency", "0", "--queue", "bad queue")

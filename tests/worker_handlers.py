@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 from switchboard_todos.handlers import handler
 from switchboard_todos.models import Todo
 
+#: A file name as os.fsdecode gives it for bytes that are not UTF-8: with a lone surrogate.
+BAD_NAME = os.fsdecode(b"report-\xff.csv")
 #: How long a gated handler waits for its gate before giving up.
 GATE_TIMEOUT = 60.0
 
@@ -26,7 +29,7 @@ def noop(todo: Todo) -> None:
 
 @handler("test.boom")
 def boom(todo: Todo) -> None:
-    raise ValueError(f"boom on attempt {todo.attempt}")
+    raise ValueError(todo.payload.get("message", f"boom on attempt {todo.attempt}"))
 
 
 @handler("test.not_json")
@@ -61,3 +64,26 @@ def wait_for_gate(started: str, gate: str, line: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{gate} never appeared")
         time.sleep(0.01)
+
+
+@handler("test.poison_message")
+def poison_message(todo: Todo) -> None:
+    """Fails with a message PostgreSQL cannot store: a lone surrogate from a bad file name."""
+    raise OSError(f"cannot open {BAD_NAME}")
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ is broken too")
+
+
+@handler("test.poison_str")
+def poison_str(todo: Todo) -> None:
+    """Fails with an exception whose str() raises."""
+    raise Unprintable("hidden")
+
+
+@handler("test.poison_result")
+def poison_result(todo: Todo) -> dict[str, Any]:
+    """Returns text PostgreSQL cannot store: it is stored escaped."""
+    return {"file": BAD_NAME, "nul": "a\x00b"}

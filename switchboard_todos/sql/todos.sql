@@ -221,6 +221,25 @@ UPDATE todos
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
 RETURNING *;
 
+-- name: heartbeat_many
+-- Extend the leases of many todos the owner holds, in one statement that never waits on a row
+-- lock: a todo another session has locked (an operator's statement, a long transaction) is
+-- skipped, and the caller tries it again at its next beat, well before the lease lapses.
+-- Returns each id the owner held when the statement began, and whether its lease was extended.
+WITH extended AS (
+UPDATE todos
+   SET lease_expires_at = now() + %(ttl)s::interval, updated_at = now()
+ WHERE id = ANY (ARRAY(
+           SELECT id FROM todos
+            WHERE id = ANY (%(todo_ids)s::text[]) AND state = 'claimed' AND owner = %(owner)s
+              FOR UPDATE SKIP LOCKED))
+   AND state = 'claimed' AND owner = %(owner)s
+RETURNING id
+)
+SELECT todos.id, todos.id IN (SELECT id FROM extended) AS extended
+  FROM todos
+ WHERE todos.id = ANY (%(todo_ids)s::text[]) AND todos.state = 'claimed' AND todos.owner = %(owner)s;
+
 -- name: complete
 -- Mark a todo done with its result. Guard: claimed, same owner.
 UPDATE todos

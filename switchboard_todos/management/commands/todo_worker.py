@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from switchboard_todos import validation
+from switchboard_todos.exceptions import WorkerCrashed
 from switchboard_todos.management import cli
 from switchboard_todos.worker import Worker
 
@@ -96,7 +97,7 @@ class Command(BaseCommand):
                 importlib.import_module(module)
             except ImportError as error:
                 raise CommandError(f"--import-module {module}: {error}") from error
-        Worker(
+        worker = Worker(
             options["queues"] or ["default"],
             concurrency=options["concurrency"],
             ttl=options["ttl"],
@@ -106,7 +107,11 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             max_todos=options["max_todos"],
             max_seconds=options["max_seconds"],
-        ).run()
+        )
+        try:
+            worker.run()
+        except WorkerCrashed as error:
+            raise CommandError(str(error)) from error
 
 
 def _configure_logging(verbosity: int) -> None:

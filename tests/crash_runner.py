@@ -1,0 +1,18 @@
+"""Imported by a `todo_worker --import-module` child: a bug in the worker itself, not in a todo.
+
+Every runner dies at its first todo; the process must then exit non-zero, so that systemd's
+Restart=on-failure starts a fresh one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from switchboard_todos.worker import Worker
+
+
+def _broken(self: Worker, runner: Any, held: Any) -> None:
+    raise RuntimeError("a bug in the runner loop")
+
+
+Worker._execute = _broken  # type: ignore[method-assign]
