@@ -96,7 +96,25 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors += _boolean("PREPARE", error_id="switchboard_todos.E009")
     errors += _number("HORIZON_WARNING_AGE", low=0, high=None, error_id="switchboard_todos.E010")
     errors += _number("DEAD_TUPLES_WARNING", low=0, high=None, error_id="switchboard_todos.E011")
+    errors += _database_options()
     return errors
+
+
+def _database_options() -> list[checks.Error]:
+    value = getattr(settings, "SWITCHBOARD_TODOS_DATABASE_OPTIONS", {})
+    if isinstance(value, dict) and all(
+        isinstance(name, str) and name.isidentifier() and (option is None or " " not in str(option))
+        for name, option in value.items()
+    ):
+        return []
+    return [
+        checks.Error(
+            "SWITCHBOARD_TODOS_DATABASE_OPTIONS must be a dict of option names to values "
+            f"without spaces (or None to drop a default), not {value!r}.",
+            hint='For example {"statement_timeout": "10min", "lock_timeout": None}.',
+            id="switchboard_todos.E040",
+        )
+    ]
 
 
 def _boolean(name: str, *, error_id: str) -> list[checks.Error]:

@@ -31,6 +31,9 @@ DEFAULTS: dict[str, Any] = {
     # horizon) for longer than this many seconds, or the todos table holds more dead rows.
     "HORIZON_WARNING_AGE": 300.0,
     "DEAD_TUPLES_WARNING": 100_000,
+    # Connection timeouts of the worker's and reaper's connections, over faults.py's defaults
+    # (a value of None drops one): libpq parameters, and server settings sent with -c.
+    "DATABASE_OPTIONS": {},
 }
 
 
@@ -83,6 +86,10 @@ class Settings:
     @property
     def DEAD_TUPLES_WARNING(self) -> int:
         return int(self._get("DEAD_TUPLES_WARNING"))
+
+    @property
+    def DATABASE_OPTIONS(self) -> dict[str, Any]:
+        return dict(self._get("DATABASE_OPTIONS"))
 
 
 conf = Settings()

@@ -241,8 +241,12 @@ class Listener:
                     self._listening.clear()
                     failures += 1
                     delay = min(_RECONNECT_MAX, 0.1 * 2**failures)
-                    logger.warning(
-                        "LISTEN connection lost (%s); reconnecting in %.1fs", error, delay
+                    # One warning per outage; the retries of a long one say nothing more.
+                    logger.log(
+                        logging.WARNING if failures == 1 else logging.DEBUG,
+                        "LISTEN connection lost (%s); reconnecting in %.1fs",
+                        error,
+                        delay,
                     )
                     _close(wrapper)
                     wrapper = None

@@ -2,10 +2,11 @@
 
 Each sweep is `Todo.objects.reap_expired()`, one statement that skips rows another session
 holds, so any number of reapers can run at once. Once the first sweep has worked, a database
-that goes away is logged and retried with a capped backoff instead of ending the process: a
-long-running service should outlive a database restart. A database that cannot be reached at
-the first sweep ends the run (`ReaperError`), since that is more often a wrong DATABASE_URL
-than an outage, and systemd's Restart= retries it.
+that goes away or turns read-only (`faults`) is logged and retried with a capped backoff
+instead of ending the process: a long-running service should outlive a database restart or a
+failover. Its connections get the timeouts of `faults.timeouts`. A database that cannot be
+reached at the first sweep ends the run (`ReaperError`), since that is more often a wrong
+DATABASE_URL than an outage, and systemd's Restart= retries it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
-from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
+from django.db import DatabaseError, close_old_connections, router
 
+from switchboard_todos import faults
 from switchboard_todos.backoff import retry_delay
 from switchboard_todos.managers import ReapResult
 from switchboard_todos.models import Todo
@@ -25,8 +27,6 @@ logger = logging.getLogger("switchboard_todos.reaper")
 
 #: Longest wait between retries while the database is unavailable (or the interval, if longer).
 MAX_RETRY_DELAY = 60.0
-#: The errors of a database that is down or restarting, which a running loop outlives.
-UNAVAILABLE = (OperationalError, InterfaceError)
 
 
 class ReaperError(Exception):
@@ -45,11 +45,6 @@ class ReapTotals(NamedTuple):
 def describe(result: ReapResult | ReapTotals) -> str:
     """Say what was reaped, as "2 requeued, 1 dead-lettered"."""
     return f"{result.requeued} requeued, {result.dead_lettered} dead-lettered"
-
-
-def one_line(error: BaseException) -> str:
-    """The error's message on one line (psycopg's span several)."""
-    return " ".join(str(error).split()) or type(error).__name__
 
 
 class Reaper:
@@ -89,16 +84,20 @@ class Reaper:
 
     def run(self) -> ReapTotals:
         """Sweep until stopped; raise ReaperError if the very first sweep fails."""
+        with faults.timeouts(router.db_for_write(Todo)):
+            return self._run()
+
+    def _run(self) -> ReapTotals:
         sweeps = failed = failures_in_a_row = requeued = dead_lettered = 0
         while not self.shutdown.requested:
             sweeps += 1
             try:
                 result = self.sweep()
             except DatabaseError as error:
-                unavailable = isinstance(error, UNAVAILABLE)
+                unavailable = faults.is_outage(error)
                 if sweeps == 1:
                     what = "Cannot reach the database" if unavailable else "Reaping failed"
-                    raise ReaperError(f"{what}: {one_line(error)}") from error
+                    raise ReaperError(f"{what}: {faults.one_line(error)}") from error
                 if not unavailable:
                     raise
                 failed += 1
@@ -111,7 +110,7 @@ class Reaper:
                 )
                 logger.warning(
                     "Database unavailable (%s); sweep %d failed, %d in a row; retrying in %.1f s.",
-                    one_line(error),
+                    faults.one_line(error),
                     sweeps,
                     failures_in_a_row,
                     delay,

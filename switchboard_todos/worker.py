@@ -16,9 +16,11 @@
   their queues; they also poll, as some todos become claimable without a notification.
 * The calling thread supervises: signals, `max_seconds`, and releasing held todos.
 
-Database errors (a terminated backend, a restarting server) close that thread's connection;
-the next statement reconnects. A claim whose answer was lost lapses after the TTL and is
-claimed again, an acknowledgement is retried: no todo is lost, though one may run twice.
+Faults of the database (a terminated backend, a restarting or frozen server, a failover that
+leaves it read-only: `faults`) close that thread's connection, and the worker backs off until
+the database is back, logging one line when the fault begins and one when it ends. A claim
+whose answer was lost lapses after the TTL and is claimed again, an acknowledgement is
+retried: no todo is lost, though one may run twice.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ from inspect import iscoroutinefunction
 from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
-from django.db import InterfaceError, OperationalError, connections, router
+from django.db import DatabaseError, connections, router
 from django.utils import timezone
 
-from switchboard_todos import handlers, outcomes, validation
+from switchboard_todos import faults, handlers, outcomes, validation
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import TodoConflict, TodoNotFound, UnknownKind, WorkerCrashed
 from switchboard_todos.listen import Doorbell, Listener, PollSchedule
@@ -58,9 +60,8 @@ PREFETCH_WINDOW = 0.2
 UNSTARTED_LIMIT = 1.0
 #: A finished todo waits at most this long for its batch's acknowledgement.
 ACK_DELAY = 0.1
-#: Retries of a statement whose connection broke, after reconnecting.
-_DB_RETRIES = 3
-_CONNECTION_ERRORS = (OperationalError, InterfaceError)
+#: Tries of a statement that failed for a fault of the database (a broken connection, say).
+_DB_TRIES = 3
 
 
 def default_owner() -> str:
@@ -164,6 +165,7 @@ class Worker:
         self._finished = threading.Event()
         self._handlers: dict[str, handlers.Handler] = {}
         self._crashed: list[str] = []
+        self._outage = faults.Outage(f"worker {self.owner}")
 
     # Running and stopping
 
@@ -179,7 +181,7 @@ class Worker:
             "listening" if self.listen else "polling",
         )
         heartbeat = threading.Thread(target=self._heartbeats, name="todo-heartbeat", daemon=True)
-        with Shutdown(every_signal=True) as signals:
+        with faults.timeouts(self.database), Shutdown(every_signal=True) as signals:
             self._work(heartbeat, signals)
         logger.info("worker %s stopped: %s", self.owner, self.stats)
         if self._crashed:
@@ -305,10 +307,12 @@ class Worker:
             return None
         leased_at = time.monotonic()
         try:
-            todos = Todo.objects.claim_batch(self.queues, self.owner, self.ttl, limit)
-        except _CONNECTION_ERRORS as error:
+            todos = self._with_reconnect(
+                "claim", Todo.objects.claim_batch, self.queues, self.owner, self.ttl, limit, tries=1
+            )
+        except faults.DatabaseUnavailable as unavailable:
             self._reserve(-limit)
-            self._disconnected("claim", error)
+            self._stopping.wait(unavailable.delay)
             return []
         if len(todos) < limit:
             self._reserve(len(todos) - limit)
@@ -398,7 +402,7 @@ class Worker:
                     "complete_many", Todo.objects.complete_many, self.owner, results
                 )
             )
-        except _CONNECTION_ERRORS:
+        except faults.DatabaseUnavailable:
             # Keep them for the next flush; their leases lapse if the database stays away.
             runner.acks = {**acks, **runner.acks}
             return
@@ -429,11 +433,12 @@ class Worker:
         stored = set()
         for todo_id, value in results.items():
             try:
-                Todo.objects.complete(todo_id, self.owner, value)
+                self._with_reconnect(
+                    "complete", Todo.objects.complete, todo_id, self.owner, value, tries=1
+                )
             except (TodoConflict, TodoNotFound):
                 continue  # lost: reported with the others
-            except _CONNECTION_ERRORS as error:
-                self._disconnected("complete", error)
+            except faults.DatabaseUnavailable:
                 runner.acks[todo_id] = acks.pop(todo_id)  # the next flush tries again
             except Exception as refusal:
                 held, _, seconds = acks.pop(todo_id)
@@ -485,7 +490,7 @@ class Worker:
             return self._with_reconnect(
                 "fail", Todo.objects.fail, todo.id, self.owner, outcomes.error_detail(error)
             )
-        except (TodoConflict, TodoNotFound, *_CONNECTION_ERRORS):
+        except (TodoConflict, TodoNotFound, faults.DatabaseUnavailable):
             raise
         except Exception as refusal:
             logger.warning("todo %s: its error detail was refused", todo.id, exc_info=True)
@@ -516,7 +521,7 @@ class Worker:
     def _release(self, held: _Held) -> None:
         try:
             self._with_reconnect("release", Todo.objects.release, held.todo.id, self.owner)
-        except (TodoConflict, TodoNotFound, *_CONNECTION_ERRORS):
+        except (TodoConflict, TodoNotFound, faults.DatabaseUnavailable):
             return  # done or lost meanwhile, or the lease lapses by itself
         with self._lock:
             self.stats.released += 1
@@ -558,9 +563,16 @@ class Worker:
             }
             if due:
                 try:
-                    beats = Todo.objects.heartbeat_many(self.owner, self.ttl, list(due))
-                except _CONNECTION_ERRORS as error:
-                    self._disconnected("heartbeat", error)
+                    beats = self._with_reconnect(
+                        "heartbeat",
+                        Todo.objects.heartbeat_many,
+                        self.owner,
+                        self.ttl,
+                        list(due),
+                        tries=1,
+                    )
+                except faults.DatabaseUnavailable:
+                    pass  # the next beat tries again
                 else:
                     for todo_id in beats.extended:
                         due[todo_id].leased_at = now
@@ -593,26 +605,31 @@ class Worker:
                 )
                 self._release_batch(runner)
 
-    def _with_reconnect(self, what: str, call: Callable[..., T], *args: Any) -> T:
-        """Run `call`, reconnecting and retrying when the connection broke.
+    def _with_reconnect(
+        self, what: str, call: Callable[..., T], *args: Any, tries: int = _DB_TRIES
+    ) -> T:
+        """Run `call`; on a fault of the database, reconnect and try again, `tries` in all.
 
-        A retry may repeat a statement that did commit: every one used here is guarded by
-        state and owner, so the repeat changes nothing.
+        Raises DatabaseUnavailable when the last try fails. Other errors are the statement's
+        own and pass through. A retry may repeat a statement that did commit: every one used
+        here is guarded by state and owner, so the repeat changes nothing.
         """
         attempt = 0
         while True:
             try:
-                return call(*args)
-            except _CONNECTION_ERRORS as error:
-                self._disconnected(what, error)
-                attempt += 1
-                if attempt == _DB_RETRIES:
+                result = call(*args)
+            except DatabaseError as error:
+                if not faults.is_outage(error):
                     raise
-                time.sleep(0.1 * 2**attempt)
-
-    def _disconnected(self, what: str, error: Exception) -> None:
-        logger.warning("worker %s: %s lost the database connection (%s)", self.owner, what, error)
-        connections[self.database].close()
+                connections[self.database].close()
+                delay = self._outage.failed(what, error)
+                attempt += 1
+                if attempt >= tries:
+                    raise faults.DatabaseUnavailable(what, delay) from error
+                time.sleep(min(delay, 0.1 * 2**attempt))
+            else:
+                self._outage.passed()
+                return result
 
 
 def _log(

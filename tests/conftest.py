@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+import psycopg
 import pytest
 from django.db import connection, connections
 from django.db.models import DateTimeField, Func
+from psycopg import sql
 
 from devtools import database
 from switchboard_todos.models import State, Todo
@@ -164,3 +166,26 @@ def spawn(subprocess_env: dict[str, str]) -> Iterator[Callable[..., subprocess.P
         if process.poll() is None:
             process.kill()
         process.communicate(timeout=30)
+
+
+def set_read_only(on: bool) -> None:
+    """Make new sessions of the test database read-only, as after a failover to a standby."""
+    name = connection.settings_dict["NAME"]
+    setting = (
+        "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+    )
+    # The admin session itself must be writable to run ALTER DATABASE.
+    writable = "-c default_transaction_read_only=off"
+    with psycopg.connect(database_url(), autocommit=True, options=writable) as admin:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} {}").format(sql.Identifier(name), sql.SQL(setting))
+        )
+
+
+@pytest.fixture
+def read_only_database() -> Iterator[Callable[[bool], None]]:
+    """Turn the test database read-only for new sessions and back; always writable after."""
+    try:
+        yield set_read_only
+    finally:
+        set_read_only(False)

@@ -21,6 +21,9 @@ DATABASES = {"default": env.db_url_config(ensure_database_url())}
 if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": pool_size}
 
+# A test's worker child may shorten the connection timeouts (tests/test_worker_process.py).
+SWITCHBOARD_TODOS_DATABASE_OPTIONS = env.json("SWITCHBOARD_TODOS_DATABASE_OPTIONS", default={})
+
 WEBHOOK_SECRETS = {"github": "github-test-secret", "example": "example-test-secret"}
 WEBHOOK_MAX_BYTES = 64 * 1024
 

@@ -212,6 +212,37 @@ def test_a_looping_reaper_outlives_a_database_outage(
 
 
 @committed
+def test_a_looping_reaper_outlives_a_read_only_database(
+    make_todo: MakeTodo,
+    read_only_database: Callable[[bool], None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failover to a standby (read-only) after the first sweep is backed off, not fatal."""
+    todo = make_todo(state=State.CLAIMED, lease_expires_in=LAPSED)
+    logger = logging.getLogger("switchboard_todos.reaper")
+    writable = _OnFirstWarning(lambda: read_only_database(False))
+    lines: list[str] = []
+
+    def report(line: str) -> None:
+        lines.append(line)
+        if len(lines) == 1:
+            read_only_database(True)
+
+    logger.addHandler(writable)
+    try:
+        with caplog.at_level(logging.INFO, logger="switchboard_todos.reaper"), Shutdown() as stop:
+            totals = Reaper(
+                interval=0.01, shutdown=stop, max_sweeps=3, report=report, report_idle=True
+            ).run()
+    finally:
+        logger.removeHandler(writable)
+    assert (totals.sweeps, totals.failed_sweeps) == (3, 1)
+    warning = next(r for r in caplog.records if r.levelno == logging.WARNING)
+    assert "read-only transaction" in warning.getMessage()
+    assert Todo.objects.get(pk=todo.pk).state == State.PENDING
+
+
+@committed
 def test_reap_todos_exits_when_the_first_sweep_fails(
     database_outage: Callable[[bool], None],
 ) -> None:

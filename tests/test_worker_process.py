@@ -4,8 +4,11 @@ terminated database connection lose nothing."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 
 import pytest
 from django.db import connection
@@ -143,7 +146,11 @@ def test_terminated_connections_are_reopened_and_nothing_is_lost(spawn: Spawn) -
     assert Todo.objects.exclude(state=State.DONE).count() == 0
     child.signal(signal.SIGTERM)
     assert child.exit_code() == 0
-    assert child.said("lost the database connection"), child.output
+    # A line when a fault begins and one when it ends, not one per failed statement: at most
+    # one fault per connection terminated (each thread notices at its next statement).
+    faults = child.output.count("the database is unavailable")
+    assert 1 <= faults <= len(terminated), child.output
+    assert child.output.count("the database is back after") == faults, child.output
 
 
 def test_a_poison_todo_stops_no_worker_of_a_fleet(spawn: Spawn) -> None:
@@ -187,6 +194,64 @@ def test_a_worker_whose_runner_dies_exits_non_zero(spawn: Spawn) -> None:
     assert child.said("runner 0 crashed") or child.said("runner 1 crashed"), child.output
     assert child.said("RuntimeError: a bug in the runner loop"), child.output
     assert Todo.objects.get(pk=todo.pk).state in (State.PENDING, State.CLAIMED)
+
+
+def test_a_read_only_database_is_waited_out(
+    spawn: Spawn, read_only_database: Callable[[bool], None]
+) -> None:
+    """Reproduction: after a failover to a standby every runner crashed on "cannot execute
+    SELECT FOR UPDATE in a read-only transaction" and the worker exited 0. Now it logs once,
+    backs off, and resumes when the database is writable again."""
+    todos = Todo.objects.create_many([{"kind": "test.noop"} for _ in range(50)])
+    read_only_database(True)
+    child = Child(spawn, "--concurrency", "2")
+    wait_until(lambda: child.said("the database is read-only"), "the worker to notice")
+    assert child.process.poll() is None, child.output
+    read_only_database(False)
+    wait_until(
+        lambda: Todo.objects.filter(state=State.DONE).count() == len(todos),
+        "every todo done once the database is writable",
+    )
+    assert child.output.count("the database is read-only") == 1, child.output
+    assert child.said("the database is back after"), child.output
+    child.signal(signal.SIGTERM)
+    assert child.exit_code() == 0
+
+
+@contextmanager
+def frozen_server() -> Iterator[int]:
+    """A port where a server accepts connections and then never answers, as a frozen one."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        accepted: list[socket.socket] = []
+
+        def accept() -> None:
+            with suppress(OSError):
+                while True:
+                    accepted.append(server.accept()[0])
+
+        threading.Thread(target=accept, daemon=True).start()
+        try:
+            yield server.getsockname()[1]
+        finally:
+            for connection in accepted:
+                connection.close()
+
+
+def test_a_frozen_server_is_noticed_not_waited_on(
+    spawn: Spawn, subprocess_env: dict[str, str]
+) -> None:
+    """Reproduction: a worker (re)connecting to a frozen server hung silently for as long as
+    the freeze lasted, and SIGTERM could not stop it. Now connect_timeout ends each try, the
+    worker logs the outage once and backs off, and a SIGTERM stops it."""
+    with frozen_server() as port:
+        subprocess_env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:{port}/frozen"
+        subprocess_env["SWITCHBOARD_TODOS_DATABASE_OPTIONS"] = '{"connect_timeout": 1}'
+        child = Child(spawn, "--no-listen")
+        wait_until(lambda: child.said("the database is unavailable"), "the worker to notice")
+        assert child.said("timeout expired"), child.output
+        child.signal(signal.SIGTERM)
+        assert child.exit_code() == 0, child.output
+    assert child.output.count("the database is unavailable") == 1, child.output
 
 
 def test_bad_arguments_are_usage_errors(spawn: Spawn) -> None:
