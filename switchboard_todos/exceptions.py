@@ -39,6 +39,10 @@ class LeaseExpired(TodoError):
     """Names a lapsed attempt in a todo's error history ("LeaseExpired"); never raised."""
 
 
+class HandlerTimeout(TodoError):
+    """Names an attempt whose handler ran past its timeout in a todo's error history."""
+
+
 class WorkerCrashed(TodoError, RuntimeError):
     """A worker thread died of a bug rather than of a todo; `todo_worker` then exits 1."""
 

@@ -18,6 +18,7 @@ may be a coroutine function (`async def`); the worker runs it to completion on i
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -36,13 +37,20 @@ H = TypeVar("H", bound=Handler)
 TASKS_SOURCE = "django.tasks"
 
 _registry: dict[str, Handler] = {}
+_timeouts: dict[str, float] = {}
 
 
-def handler(kind: str) -> Callable[[H], H]:
-    """Register the decorated function as the handler of todos of `kind`."""
+def handler(kind: str, *, timeout: float | timedelta | None = None) -> Callable[[H], H]:
+    """Register the decorated function as the handler of todos of `kind`.
+
+    `timeout` (seconds) bounds one run: past it the worker fails the attempt (retried, and
+    dead-lettered at `max_attempts`) and abandons the thread; it overrides the worker's
+    `--timeout`.
+    """
     checked = validation.kind(kind)
     if not checked:
         raise ImproperlyConfigured("A handler needs a non-empty kind.")
+    seconds = None if timeout is None else validation.handler_timeout(timeout)
 
     def register(function: H) -> H:
         registered = _registry.get(checked)
@@ -52,6 +60,10 @@ def handler(kind: str) -> Callable[[H], H]:
                 f"{registered.__module__}.{registered.__qualname__}."
             )
         _registry[checked] = function
+        if seconds is None:
+            _timeouts.pop(checked, None)
+        else:
+            _timeouts[checked] = seconds
         return function
 
     return register
@@ -60,6 +72,11 @@ def handler(kind: str) -> Callable[[H], H]:
 def get_handler(kind: str) -> Handler | None:
     """The handler registered for `kind`, or None."""
     return _registry.get(kind)
+
+
+def get_timeout(kind: str) -> float | None:
+    """The `timeout` the handler of `kind` was registered with, or None."""
+    return _timeouts.get(kind)
 
 
 def autodiscover() -> None:

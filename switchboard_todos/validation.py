@@ -212,6 +212,11 @@ def duration(value: object, name: str, *, maximum: timedelta, allow_zero: bool) 
     return span
 
 
+def handler_timeout(value: object) -> float:
+    """How long one run of a handler may take, in seconds: more than zero, at most a day."""
+    return duration(value, "timeout", maximum=timedelta(days=1), allow_zero=False).total_seconds()
+
+
 def ttl(value: object) -> timedelta:
     """A lease length: more than zero, at most MAX_LEASE."""
     return duration(value, "ttl", maximum=MAX_LEASE, allow_zero=False)

@@ -44,7 +44,13 @@ from django.utils import timezone
 
 from switchboard_todos import faults, handlers, outcomes, validation
 from switchboard_todos.conf import conf
-from switchboard_todos.exceptions import TodoConflict, TodoNotFound, UnknownKind, WorkerCrashed
+from switchboard_todos.exceptions import (
+    HandlerTimeout,
+    TodoConflict,
+    TodoNotFound,
+    UnknownKind,
+    WorkerCrashed,
+)
 from switchboard_todos.listen import Doorbell, Listener, PollSchedule
 from switchboard_todos.models import State, Todo
 from switchboard_todos.shutdown import Shutdown
@@ -60,6 +66,8 @@ PREFETCH_WINDOW = 0.2
 UNSTARTED_LIMIT = 1.0
 #: A finished todo waits at most this long for its batch's acknowledgement.
 ACK_DELAY = 0.1
+#: A handler without a timeout that has run this many TTLs is logged as possibly hung.
+HUNG_WARNING_TTLS = 3
 #: Tries of a statement that failed for a fault of the database (a broken connection, say).
 _DB_TRIES = 3
 
@@ -84,7 +92,10 @@ class WorkerStats:
 class _Held:
     """A todo this worker claimed: waiting in a runner's batch, running, or awaiting its ack."""
 
-    __slots__ = ("todo", "leased_at", "finished", "lost", "released")
+    __slots__ = (
+        "todo", "leased_at", "finished", "lost", "released", "runner", "started", "timeout",
+        "timed_out", "warned",
+    )  # fmt: skip
 
     def __init__(self, todo: Todo, leased_at: float) -> None:
         self.todo = todo
@@ -92,6 +103,11 @@ class _Held:
         self.finished: Callable[[Todo], None] | None = None
         self.lost = False
         self.released = False
+        self.runner: _Runner | None = None  # the runner whose thread runs its handler
+        self.started: float | None = None  # monotonic time its handler started
+        self.timeout: float | None = None
+        self.timed_out = False  # failed at its timeout while its handler ran on
+        self.warned = False  # logged as possibly hung
 
 
 class _Runner:
@@ -99,6 +115,8 @@ class _Runner:
 
     def __init__(self, index: int) -> None:
         self.index = index
+        self.thread: threading.Thread | None = None
+        self.abandoned = False  # its handler ran past its timeout; a fresh runner took its place
         self.batch: deque[_Held] = deque()
         self.acks: dict[str, tuple[_Held, Any, float]] = {}
         self.oldest_ack = 0.0
@@ -115,6 +133,10 @@ class Worker:
     defaults to SWITCHBOARD_TODOS_LISTEN; `poll_interval` caps the wait between claims that
     found nothing. `max_todos` stops after claiming that many, `max_seconds` after that long;
     both let the todos in hand finish first, as the first SIGTERM or `stop()` does.
+    `timeout` bounds a handler's run (a handler's own `@handler(timeout=)` wins): past it the
+    attempt fails and a fresh runner thread replaces the hung one. `shutdown_timeout` bounds
+    the drain after a stop: past it the todos still in hand are released, as by a second
+    SIGTERM.
     """
 
     def __init__(
@@ -129,6 +151,8 @@ class Worker:
         poll_interval: float = 1.0,
         max_todos: int | None = None,
         max_seconds: float | None = None,
+        timeout: float | timedelta | None = None,
+        shutdown_timeout: float | timedelta | None = None,
     ) -> None:
         self.queues = validation.queues(queues)
         self.owner = validation.owner(owner if owner is not None else default_owner())
@@ -151,6 +175,14 @@ class Worker:
                 max_seconds, "max_seconds", maximum=timedelta(days=366), allow_zero=False
             ).total_seconds()
         )
+        self.timeout = None if timeout is None else validation.handler_timeout(timeout)
+        self.shutdown_timeout = (
+            None
+            if shutdown_timeout is None
+            else validation.duration(
+                shutdown_timeout, "shutdown_timeout", maximum=timedelta(days=1), allow_zero=True
+            ).total_seconds()
+        )
         self.database = router.db_for_write(Todo)
         self.stats = WorkerStats()
         self._prefetch_window = min(PREFETCH_WINDOW, self.ttl / 10)
@@ -160,7 +192,7 @@ class Worker:
         self._reserved = 0
         self._running: dict[str, _Held] = {}
         self._runners = [_Runner(index) for index in range(self.concurrency)]
-        self._threads: list[threading.Thread] = []
+        self._abandoned: list[_Runner] = []
         self._stopping = threading.Event()
         self._finished = threading.Event()
         self._handlers: dict[str, handlers.Handler] = {}
@@ -198,16 +230,7 @@ class Worker:
                 self._listener.subscribe(self._doorbell)
             heartbeat.start()
             for runner in self._runners:
-                # Daemons: the runners of an aborted worker may still be inside a handler, and
-                # must not keep the process alive; their todos are released already.
-                thread = threading.Thread(
-                    target=self._run_runner,
-                    args=(runner,),
-                    name=f"todo-runner-{runner.index}",
-                    daemon=True,
-                )
-                thread.start()
-                self._threads.append(thread)
+                self._start(runner)
             self._supervise(signals)
         finally:
             self._finished.set()
@@ -215,6 +238,17 @@ class Worker:
                 heartbeat.join()
             if self._listener is not None:
                 self._listener.stop()
+
+    def _start(self, runner: _Runner) -> None:
+        # Daemons: the runners of an aborted worker, or abandoned ones, may still be inside a
+        # handler, and must not keep the process alive; their todos are released or failed.
+        runner.thread = threading.Thread(
+            target=self._run_runner,
+            args=(runner,),
+            name=f"todo-runner-{runner.index}",
+            daemon=True,
+        )
+        runner.thread.start()
 
     def stop(self) -> None:
         """Stop claiming and let the todos in hand finish; safe from any thread."""
@@ -236,6 +270,7 @@ class Worker:
         started = time.monotonic()
         signals_seen = 0
         buffers_released = False
+        stopped_at: float | None = None
         while True:
             if signals.count > signals_seen:
                 signals_seen = signals.count
@@ -250,9 +285,27 @@ class Worker:
                 self.stop()
             if self._stopping.is_set() and not buffers_released:
                 buffers_released = True
+                stopped_at = time.monotonic()
                 for runner in self._runners:
                     self._release_batch(runner)
-            alive = [thread for thread in self._threads if thread.is_alive()]
+            if (
+                stopped_at is not None
+                and self.shutdown_timeout is not None
+                and time.monotonic() - stopped_at >= self.shutdown_timeout
+            ):
+                logger.warning(
+                    "worker %s: the todos in hand did not finish within the shutdown timeout "
+                    "(%gs); releasing them and exiting",
+                    self.owner,
+                    self.shutdown_timeout,
+                )
+                self._abort()
+                return
+            alive = [
+                runner.thread
+                for runner in list(self._runners)
+                if runner.thread is not None and runner.thread.is_alive()
+            ]
             if not alive:
                 return
             alive[0].join(0.05)
@@ -286,6 +339,8 @@ class Worker:
                 except IndexError:
                     continue  # taken by the supervisor, which released it
                 self._execute(runner, held)
+                if runner.abandoned:
+                    return  # a fresh runner took its place and its todos
                 if runner.acks and time.monotonic() - runner.oldest_ack >= ACK_DELAY:
                     self._flush(runner)
             self._release_batch(runner)
@@ -346,22 +401,36 @@ class Worker:
             self._release(held)
             return
         started = time.perf_counter()
+        held.runner, held.started = runner, time.monotonic()
         try:
             handler = self._handler(todo)
             held.finished = getattr(handler, "finished", None)
+            held.timeout = self._timeout(todo)
             value = outcomes.result(handler(todo))
         except BaseException as error:
+            if held.timed_out:
+                return  # failed at its timeout already; this thread is no longer a runner
             seconds = time.perf_counter() - started
             runner.record(seconds)
             self._running.pop(todo.id, None)
             # Still inside `except`: a `finished` hook (task_finished) logs the traceback.
             self._fail(held, error, seconds)
             return
+        if held.timed_out:
+            return
         seconds = time.perf_counter() - started
         runner.record(seconds)
         if not runner.acks:
             runner.oldest_ack = time.monotonic()
         runner.acks[todo.id] = (held, value, seconds)
+
+    def _timeout(self, todo: Todo) -> float | None:
+        """How long `todo`'s handler may run: its own timeout, else the worker's."""
+        if todo.source != handlers.TASKS_SOURCE:
+            own = handlers.get_timeout(todo.kind)
+            if own is not None:
+                return own
+        return self.timeout
 
     def _handler(self, todo: Todo) -> handlers.Handler:
         """The callable that runs `todo`: its kind's handler, or the django.tasks runner."""
@@ -586,7 +655,70 @@ class Worker:
                             self.owner,
                             skipped,
                         )
+            self._watch_handlers()
             self._release_stuck_batches()
+
+    def _watch_handlers(self) -> None:
+        """Fail each todo whose handler ran past its timeout; warn of long ones without one."""
+        now = time.monotonic()
+        for held in list(self._running.values()):
+            if held.started is None or held.lost or held.released:
+                continue
+            ran = now - held.started
+            if held.timeout is not None and ran > held.timeout:
+                self._time_out(held, ran)
+            elif held.timeout is None and not held.warned and ran > HUNG_WARNING_TTLS * self.ttl:
+                held.warned = True
+                logger.warning(
+                    "todo %s kind=%s: its handler has run %.0fs (%d leases) and has no "
+                    "timeout; if it hangs it keeps its lease forever: set "
+                    "@handler(..., timeout=) or todo_worker --timeout",
+                    held.todo.id,
+                    held.todo.kind,
+                    ran,
+                    HUNG_WARNING_TTLS,
+                )
+
+    def _time_out(self, held: _Held, ran: float) -> None:
+        """Fail a todo whose handler overran, and give its runner's place to a fresh thread.
+
+        The attempt counts, so a todo that always hangs is dead-lettered at its cap. A thread
+        cannot be killed: the hung one runs on, its outcome dropped, until its handler
+        returns. When more threads hang than the worker has runners, the process exits
+        non-zero, the one way to end them, and its supervisor starts a fresh one.
+        """
+        held.timed_out = True
+        self._running.pop(held.todo.id, None)
+        error = HandlerTimeout(
+            f"The handler ran past its timeout of {held.timeout:g}s and was abandoned (still "
+            f"running after {ran:.1f}s)."
+        )
+        self._fail(held, error, ran)
+        held.lost = True
+        runner = held.runner
+        if runner is None or runner.abandoned:
+            return
+        runner.abandoned = True
+        self._release_batch(runner)
+        with self._lock:
+            self._abandoned = [r for r in self._abandoned if r.thread and r.thread.is_alive()]
+            self._abandoned.append(runner)
+            hung = len(self._abandoned)
+            fresh = _Runner(runner.index)
+            self._runners[self._runners.index(runner)] = fresh
+        if hung > self.concurrency:
+            logger.error(
+                "worker %s: %d handler threads hung past their timeouts; exiting so that the "
+                "process is restarted",
+                self.owner,
+                hung,
+            )
+            with self._lock:
+                self._crashed.append(f"{hung} hung handler threads")
+            self._abort()
+            return
+        if not self._stopping.is_set():
+            self._start(fresh)
 
     def _release_stuck_batches(self) -> None:
         """Release the waiting todos of any batch stuck behind a handler that overran."""

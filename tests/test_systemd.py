@@ -238,6 +238,8 @@ def test_the_worker_template_runs_the_instance_queue(units: Path, env_file: Path
         "emails-high",
         "--concurrency",
         "4",
+        "--shutdown-timeout",
+        "60",
     ]
 
 

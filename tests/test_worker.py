@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 from django.db.models.functions import Now
 
-from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.exceptions import InvalidTodo, WorkerCrashed
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker import Worker, WorkerStats, default_owner
 from tests import worker_handlers  # noqa: F401 (registers the handlers)
@@ -216,6 +216,73 @@ def test_a_lost_lease_is_not_completed(
     stolen = Todo.objects.get(pk=todo.pk)
     assert (stolen.state, stolen.owner) == (State.CLAIMED, "thief")
     assert "lost: the lease went to another worker" in caplog.text
+
+
+def test_a_handler_past_its_timeout_fails_and_a_fresh_runner_goes_on(
+    background: Callable[[Worker], Background],
+    gate: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Reproduction: a handler that never returned kept its lease forever through heartbeats.
+    Now, past its timeout, the attempt fails (counted, so it dead-letters at the cap) and a
+    fresh runner thread takes the hung one's place: with one runner, the next todo still runs."""
+    hung, _ = Todo.objects.create_todo(kind="test.hang", payload=gate, max_attempts=1)
+    with caplog.at_level(logging.INFO, "switchboard_todos.worker"):
+        running = background(Worker(concurrency=1, max_todos=2, listen=False, poll_interval=0.05))
+        wait_until(lambda: started_lines(gate), "the handler to start")
+        after, _ = Todo.objects.create_todo(kind="test.noop")
+        wait_until(lambda: Todo.objects.get(pk=after.pk).state == State.DONE, "the next todo")
+        stats = running.join()
+    failed = Todo.objects.get(pk=hung.pk)
+    assert (failed.state, failed.attempt) == (State.FAILED, 1)
+    error = failed.errors[0]["error"]
+    assert error["type"] == "switchboard_todos.exceptions.HandlerTimeout"
+    assert error["message"].startswith("The handler ran past its timeout of 0.5s")
+    assert (stats.done, stats.failed, stats.dead_lettered) == (1, 1, 1)
+    assert "dead-lettered (HandlerTimeout: The handler ran past its timeout" in caplog.text
+    open_gate(gate)  # the abandoned thread returns; its outcome is dropped
+    wait_until(lambda: len(started_lines(gate)) == 1, "nothing else")
+    assert Todo.objects.get(pk=hung.pk).state == State.FAILED
+
+
+def test_the_worker_timeout_applies_to_handlers_without_their_own(
+    background: Callable[[Worker], Background], gate: dict[str, str]
+) -> None:
+    todo, _ = Todo.objects.create_todo(kind="test.gate", payload=gate)
+    running = background(Worker(max_todos=1, timeout=0.3, listen=False))
+    wait_until(lambda: Todo.objects.get(pk=todo.pk).state == State.PENDING, "the timeout")
+    assert running.join().failed == 1
+    assert Todo.objects.get(pk=todo.pk).attempt == 1
+    open_gate(gate)
+
+
+def test_more_hung_threads_than_runners_end_the_worker(gate: dict[str, str]) -> None:
+    """A thread cannot be killed: past `concurrency` hung ones the worker exits non-zero, so
+    that its supervisor restarts the process."""
+    Todo.objects.create_many([{"kind": "test.hang", "payload": gate} for _ in range(3)])
+    try:
+        with pytest.raises(WorkerCrashed, match="2 hung handler threads"):
+            Worker(concurrency=1, listen=False, poll_interval=0.05).run()
+    finally:
+        open_gate(gate)
+    assert (
+        Todo.objects.filter(attempt=1, errors__0__error__type__endswith="HandlerTimeout").count()
+        == 2
+    )
+
+
+def test_a_long_handler_without_a_timeout_is_reported(
+    background: Callable[[Worker], Background],
+    gate: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    Todo.objects.create_todo(kind="test.gate", payload=gate)
+    with caplog.at_level(logging.WARNING, "switchboard_todos.worker"):
+        running = background(Worker(max_todos=1, ttl=0.3, listen=False))
+        wait_until(lambda: "has no timeout" in caplog.text, "the warning")
+        open_gate(gate)
+        assert running.join().done == 1
+    assert caplog.text.count("has no timeout") == 1
 
 
 def test_stop_lets_the_running_todo_finish_and_releases_the_rest(

@@ -76,6 +76,18 @@ def test_second_sigterm_releases_the_running_todo(spawn: Spawn, gate: dict[str, 
     open_gate(gate)
 
 
+def test_the_shutdown_timeout_ends_a_drain_that_would_wait_forever(
+    spawn: Spawn, gate: dict[str, str]
+) -> None:
+    """--shutdown-timeout: past it the first SIGTERM releases what still runs and exits 0."""
+    todo, child = stopping(spawn, gate, "--shutdown-timeout", "0.5")
+    assert child.exit_code() == 0, child.output
+    assert child.said("did not finish within the shutdown timeout"), child.output
+    todo.refresh_from_db()
+    assert (todo.state, todo.owner, todo.attempt) == (State.PENDING, None, 0)
+    open_gate(gate)
+
+
 def test_sigkill_leaves_a_lease_that_lapses_to_another_worker(
     spawn: Spawn, gate: dict[str, str]
 ) -> None:

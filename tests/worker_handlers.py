@@ -87,3 +87,10 @@ def poison_str(todo: Todo) -> None:
 def poison_result(todo: Todo) -> dict[str, Any]:
     """Returns text PostgreSQL cannot store: it is stored escaped."""
     return {"file": BAD_NAME, "nul": "a\x00b"}
+
+
+@handler("test.hang", timeout=0.5)
+def hang(todo: Todo) -> dict[str, Any]:
+    """A gated handler with a timeout of half a second: it hangs until the test opens the gate."""
+    wait_for_gate(todo.payload["started"], todo.payload["gate"], f"{todo.id} {todo.attempt}")
+    return {"late": True}

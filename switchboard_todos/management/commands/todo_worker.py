@@ -82,6 +82,18 @@ class Command(BaseCommand):
             help="Stop claiming after this many seconds, then exit once the todos in hand end.",
         )
         parser.add_argument(
+            "--timeout",
+            type=cli.checked(validation.handler_timeout),
+            help="Fail a todo whose handler runs longer than this (30, 90s, 5m) and replace its "
+            "thread; a handler's own @handler(timeout=) wins (default: none).",
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=cli.seconds,
+            help="After the first SIGTERM, wait this long for the running todos, then release "
+            "them and exit, as a second SIGTERM does (default: wait for them).",
+        )
+        parser.add_argument(
             "--import-module",
             action="append",
             dest="import_modules",
@@ -107,6 +119,8 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             max_todos=options["max_todos"],
             max_seconds=options["max_seconds"],
+            timeout=options["timeout"],
+            shutdown_timeout=options["shutdown_timeout"],
         )
         try:
             worker.run()
