@@ -15,11 +15,11 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 
-from switchboard_todos import cursors, signals, validation
+from switchboard_todos import cursors, faults, signals, validation
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
@@ -318,23 +318,49 @@ class TodoManager(models.Manager["Todo"]):
         """`claim_batch` and its twin, one code: `io` claims, subscribes and waits, each its way."""
         params = validation.arguments(queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait)
         seconds = params.pop("wait")
-        claimed = await io.claim(params)
-        if claimed or not seconds:
+        if not seconds:
+            return await io.claim(params)
+        claimed, fault, backoff = await io.claim_through_faults(params)
+        if claimed:
             return claimed
         waiting = BlockingClaim(self._db_alias, params["queues"], seconds, listen=conf.LISTEN)
         await io.start(waiting)
         try:
             while True:
-                claimed = await io.claim(params)
+                if fault is None:  # the claim after subscribing, or after a ring
+                    claimed, fault, backoff = await io.claim_through_faults(params)
+                    if claimed:
+                        return claimed
                 pause = waiting.pause()
-                if claimed or pause is None:
+                if pause is None:
+                    if fault is not None:
+                        raise fault  # still down at the end of the wait: the caller learns so
                     return claimed
-                await io.ring(waiting, pause)
+                await io.ring(waiting, pause if fault is None else min(pause, backoff))
+                fault = None
         finally:
             waiting.close()
 
     def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
         return [todo for todo, _ in self._run("claim_next", params)]
+
+    def _claim_through_faults(
+        self, params: Mapping[str, Any]
+    ) -> tuple[list[Todo], DatabaseError | None, float]:
+        """A claim of a blocking wait: a fault of the database (an outage, a failover that left
+        it read-only) is returned with the backoff to wait, not raised, so the wait rides it
+        out; the process's blocking claims log one line when it begins and one when it ends.
+        """
+        try:
+            claimed = self._claim(params)
+        except DatabaseError as error:
+            if not faults.is_outage(error):
+                raise
+            backoff = _BLOCKING_OUTAGE.failed("blocking claim", error)
+            connections[self._db_alias].close()  # a new connection, to the new primary
+            return [], error, backoff
+        _BLOCKING_OUTAGE.passed()
+        return claimed, None, 0.0
 
     def claim(self, todo_id: str, owner: str, ttl: Seconds) -> Todo:
         """Claim one todo by id; it must be due, and assigned to `owner` or to nobody."""
@@ -607,6 +633,10 @@ class TodoManager(models.Manager["Todo"]):
     adead_letter_many = _async_twin(dead_letter_many)
 
 
+#: The blocking claims of this process share one view of a database fault.
+_BLOCKING_OUTAGE = faults.Outage("blocking claims")
+
+
 class _Blocking:
     """How `claim_batch` claims and waits: on the calling thread. Its awaits never suspend."""
 
@@ -615,6 +645,11 @@ class _Blocking:
 
     async def claim(self, params: Mapping[str, Any]) -> list[Todo]:
         return self.manager._claim(params)
+
+    async def claim_through_faults(
+        self, params: Mapping[str, Any]
+    ) -> tuple[list[Todo], DatabaseError | None, float]:
+        return self.manager._claim_through_faults(params)
 
     async def start(self, waiting: BlockingClaim) -> None:
         waiting.start()
@@ -629,6 +664,12 @@ class _Suspending(_Blocking):
 
     async def claim(self, params: Mapping[str, Any]) -> list[Todo]:
         return await sync_to_async(self.manager._claim, thread_sensitive=True)(params)
+
+    async def claim_through_faults(
+        self, params: Mapping[str, Any]
+    ) -> tuple[list[Todo], DatabaseError | None, float]:
+        claim = sync_to_async(self.manager._claim_through_faults, thread_sensitive=True)
+        return await claim(params)
 
     async def start(self, waiting: BlockingClaim) -> None:
         await self._give_back()  # before the listener, which may need a connection from the pool

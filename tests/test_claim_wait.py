@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -10,13 +11,14 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from switchboard_todos import listen
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.managers import _run_now
 from switchboard_todos.models import Todo
+from tests.helpers import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -136,3 +138,52 @@ def test_the_blocking_claim_refuses_code_that_would_suspend() -> None:
 
     with pytest.raises(RuntimeError, match="suspended"):
         _run_now(suspends())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_only_database_is_waited_out(
+    read_only_database: Callable[[bool], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failover to a standby during a long poll: the claim backs off and logs once, and
+    claims the work once the database is writable again."""
+    Todo.objects.count()  # this thread's connection opens writable, before the failover
+    read_only_database(True)
+    claimed: list[Todo | None] = []
+
+    def poll() -> None:
+        try:
+            claimed.append(Todo.objects.claim_next("default", "w1", 30, wait=60))
+        finally:
+            connections.close_all()
+
+    with caplog.at_level(logging.WARNING, "switchboard_todos.faults"):
+        thread = threading.Thread(target=poll)
+        thread.start()
+        wait_until(lambda: "blocking claims: the database is read-only" in caplog.text, "it")
+        read_only_database(False)
+        todo, _ = Todo.objects.create_todo(kind="k")
+        thread.join(60)
+    assert claimed and claimed[0] is not None and claimed[0].id == todo.id
+    assert caplog.text.count("the database is read-only") == 1
+    assert "blocking claims: the database is back after" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_still_read_only_at_the_end_of_the_wait_is_an_error(
+    read_only_database: Callable[[bool], None],
+) -> None:
+    read_only_database(True)
+    failures: list[BaseException] = []
+
+    def poll() -> None:  # a new thread: a new connection, read-only
+        try:
+            Todo.objects.claim_next("default", "w1", 30, wait=1)
+        except DatabaseError as error:
+            failures.append(error)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    thread.join(60)
+    assert len(failures) == 1 and "read-only transaction" in str(failures[0])

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 
+from switchboard_todos import faults
 from switchboard_todos.agents import errors
 from switchboard_todos.agents.errors import ErrorKind
 from switchboard_todos.exceptions import InvalidTodo, NotAuthenticated, TodoError
@@ -145,7 +146,7 @@ def _too_large(request: HttpRequest, error: RequestDataTooBig) -> HttpResponse:
 
 def _server_error(request: HttpRequest, error: Exception) -> HttpResponse:
     """Our fault, not the agent's: logged with its traceback, answered without it."""
-    if isinstance(error, OperationalError | InterfaceError):
+    if faults.is_outage(error):
         logger.warning("Database unavailable for %s %s: %s", request.method, request.path, error)
         response = problem_response(errors.UNAVAILABLE, "The database is unavailable; retry.")
         response["Retry-After"] = "5"

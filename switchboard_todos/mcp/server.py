@@ -15,12 +15,12 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.db import InterfaceError, OperationalError, connections
+from django.db import DatabaseError, connections
 from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from switchboard_todos import __version__
+from switchboard_todos import __version__, faults
 from switchboard_todos.agents import errors, service
 from switchboard_todos.agents.serialize import TodoJSON, todo_json
 from switchboard_todos.exceptions import TodoError
@@ -104,8 +104,10 @@ class Tools:
                 return _result(await call(await self._agent()))
             except TodoError as error:
                 return _problem(errors.kind_of(error), str(error))
-            except (OperationalError, InterfaceError) as error:
-                # The server's fault, not the agent's; any other error is the SDK's to log.
+            except DatabaseError as error:
+                if not faults.is_outage(error):
+                    raise  # any other error is the SDK's to log
+                # The server's fault (down, or read-only after a failover), not the agent's.
                 logger.warning("Database unavailable for an MCP tool call: %s", error)
                 return _problem(errors.UNAVAILABLE, UNAVAILABLE)
 
