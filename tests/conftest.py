@@ -168,18 +168,18 @@ def spawn(subprocess_env: dict[str, str]) -> Iterator[Callable[..., subprocess.P
         process.communicate(timeout=30)
 
 
+def alter_test_database(clause: str) -> None:
+    """ALTER DATABASE <the test database> <clause>, from the maintenance database."""
+    name = connection.settings_dict["NAME"]
+    with psycopg.connect(database_url().rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} {}").format(sql.Identifier(name), sql.SQL(clause)))
+
+
 def set_read_only(on: bool) -> None:
     """Make new sessions of the test database read-only, as after a failover to a standby."""
-    name = connection.settings_dict["NAME"]
-    setting = (
+    alter_test_database(
         "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
     )
-    # The admin session itself must be writable to run ALTER DATABASE.
-    writable = "-c default_transaction_read_only=off"
-    with psycopg.connect(database_url(), autocommit=True, options=writable) as admin:
-        admin.execute(
-            sql.SQL("ALTER DATABASE {} {}").format(sql.Identifier(name), sql.SQL(setting))
-        )
 
 
 @pytest.fixture

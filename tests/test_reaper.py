@@ -15,16 +15,14 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from io import StringIO
 
-import psycopg
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection
-from psycopg import sql
 
 from switchboard_todos.models import State, Todo
 from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
-from tests.conftest import database_url, run_in_threads
+from tests.conftest import alter_test_database, run_in_threads
 from tests.helpers import MakeTodo, read_until
 
 LAPSED = timedelta(seconds=-5)
@@ -144,14 +142,8 @@ def test_reap_todos_rejects_bad_arguments(args: list[str], message: str) -> None
 
 
 def set_allow_connections(allowed: bool) -> None:
-    """Let connections into the test database, or refuse them (from the maintenance database)."""
-    name = connection.settings_dict["NAME"]
-    with psycopg.connect(database_url().rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
-                sql.Identifier(name), sql.SQL("true" if allowed else "false")
-            )
-        )
+    """Let connections into the test database, or refuse them."""
+    alter_test_database(f"ALLOW_CONNECTIONS {'true' if allowed else 'false'}")
 
 
 @pytest.fixture
@@ -178,67 +170,56 @@ class _OnFirstWarning(logging.Handler):
 
 
 @committed
-def test_a_looping_reaper_outlives_a_database_outage(
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("outage", "is not currently accepting connections"),
+        ("read_only", "in a read-only transaction"),
+    ],
+)
+def test_a_looping_reaper_outlives_a_fault_of_the_database(
+    fault: str,
+    message: str,
     make_todo: MakeTodo,
     database_outage: Callable[[bool], None],
+    read_only_database: Callable[[bool], None],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A database lost after the first sweep is logged and retried; the loop carries on."""
+    """A database lost, or turned read-only by a failover, after the first sweep is logged
+    and retried; the loop carries on."""
+    switch = database_outage if fault == "outage" else read_only_database
+    faulty = fault != "outage"  # the argument that turns the fault on: allow=False, read-only=True
+
+    def begin() -> None:
+        switch(faulty)
+
+    def end() -> None:
+        switch(not faulty)
+
     todo = make_todo(state=State.CLAIMED, lease_expires_in=LAPSED)
     logger = logging.getLogger("switchboard_todos.reaper")
-    reconnect = _OnFirstWarning(lambda: database_outage(True))
+    recover = _OnFirstWarning(end)
     lines: list[str] = []
 
     def report(line: str) -> None:
         lines.append(line)
         if len(lines) == 1:  # after the first sweep, while the loop waits for the next
-            database_outage(False)
+            begin()
 
-    logger.addHandler(reconnect)
+    logger.addHandler(recover)
     try:
         with caplog.at_level(logging.INFO, logger="switchboard_todos.reaper"), Shutdown() as stop:
             totals = Reaper(
                 interval=0.01, shutdown=stop, max_sweeps=3, report=report, report_idle=True
             ).run()
     finally:
-        logger.removeHandler(reconnect)
+        logger.removeHandler(recover)
     assert (totals.sweeps, totals.failed_sweeps, totals.requeued) == (3, 1, 1)
     assert len(lines) == 2
     warning = next(r for r in caplog.records if r.levelno == logging.WARNING)
-    assert "is not currently accepting connections" in warning.getMessage()
+    assert message in warning.getMessage()
     assert "sweep 2 failed, 1 in a row; retrying in" in warning.getMessage()
     assert "Database available again after 1 failed sweeps." in caplog.messages
-    assert Todo.objects.get(pk=todo.pk).state == State.PENDING
-
-
-@committed
-def test_a_looping_reaper_outlives_a_read_only_database(
-    make_todo: MakeTodo,
-    read_only_database: Callable[[bool], None],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A failover to a standby (read-only) after the first sweep is backed off, not fatal."""
-    todo = make_todo(state=State.CLAIMED, lease_expires_in=LAPSED)
-    logger = logging.getLogger("switchboard_todos.reaper")
-    writable = _OnFirstWarning(lambda: read_only_database(False))
-    lines: list[str] = []
-
-    def report(line: str) -> None:
-        lines.append(line)
-        if len(lines) == 1:
-            read_only_database(True)
-
-    logger.addHandler(writable)
-    try:
-        with caplog.at_level(logging.INFO, logger="switchboard_todos.reaper"), Shutdown() as stop:
-            totals = Reaper(
-                interval=0.01, shutdown=stop, max_sweeps=3, report=report, report_idle=True
-            ).run()
-    finally:
-        logger.removeHandler(writable)
-    assert (totals.sweeps, totals.failed_sweeps) == (3, 1)
-    warning = next(r for r in caplog.records if r.levelno == logging.WARNING)
-    assert "read-only transaction" in warning.getMessage()
     assert Todo.objects.get(pk=todo.pk).state == State.PENDING
 
 
