@@ -98,6 +98,7 @@ class TodoManager(models.Manager["Todo"]):
         idempotency_key: str | None = None,
         assignee: str | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        priority: int = 0,
         event: Event | str | None = None,
         run_after: datetime | None = None,
     ) -> tuple[Todo, bool]:
@@ -114,6 +115,7 @@ class TodoManager(models.Manager["Todo"]):
             "idempotency_key": idempotency_key,
             "assignee": assignee,
             "max_attempts": max_attempts,
+            "priority": priority,
             "event": event,
             "run_after": run_after,
         }
@@ -142,6 +144,7 @@ class TodoManager(models.Manager["Todo"]):
             "idempotency_keys": [p["idempotency_key"] for p in batch],
             "assignees": [p["assignee"] for p in batch],
             "max_attempts": [p["max_attempts"] for p in batch],
+            "priorities": [p["priority"] for p in batch],
             "run_afters": [p["run_after"] for p in batch],
             "notify": conf.LISTEN,
         }
@@ -705,6 +708,7 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
     "event_id": ("event_id", None),
     "assignee": ("assignee", None),
     "max_attempts": ("max_attempts", DEFAULT_MAX_ATTEMPTS),
+    "priority": ("priority", 0),
     "run_after": ("next_retry_at", None),
 }
 

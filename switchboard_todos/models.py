@@ -112,6 +112,9 @@ class Todo(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempt = models.IntegerField(db_default=0)
     max_attempts = models.IntegerField(db_default=DEFAULT_MAX_ATTEMPTS)
+    # Higher is claimed first, -100 to 100 as Django's task priority; equal ones in the order
+    # they became claimable.
+    priority = models.SmallIntegerField(db_default=0)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     errors = models.JSONField(db_default=models.Value([], models.JSONField()))
@@ -131,6 +134,9 @@ class Todo(models.Model):
             models.CheckConstraint(
                 condition=Q(max_attempts__gt=0), name="todos_max_attempts_check"
             ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="todos_priority_check"
+            ),
             models.UniqueConstraint(
                 fields=["queue", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False)
@@ -140,11 +146,13 @@ class Todo(models.Model):
             ),
         ]
         indexes = [
-            # The claim scan: one index scan per queue, stopping at the first unlocked row. The
-            # seed's index, narrowed to todos not waiting for a retry, so that a backlog of
-            # retries is never walked past to find ready work.
+            # The claim scan: one index scan per queue, stopping at the first unlocked row, in
+            # priority order, then oldest first. The seed's index, narrowed to todos not waiting
+            # for a retry, so that a backlog of retries is never walked past to find ready work.
             models.Index(
-                fields=["queue", "created_at"],
+                F("queue"),
+                F("priority").desc(),
+                F("created_at"),
                 condition=Q(state=State.PENDING, next_retry_at__isnull=True),
                 name="idx_todos_pending",
             ),

@@ -37,6 +37,7 @@ TITLE_MAX_LENGTH = 1000
 OWNER_MAX_LENGTH = 200
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
 CLAIM_BATCH_LIMIT = 1000
 TODO_ID_MAX_LENGTH = 100
 #: Most todos one operator batch (requeue_many, expire_lease_many, dead_letter_many) takes.
@@ -217,6 +218,11 @@ def handler_timeout(value: object) -> float:
     return duration(value, "timeout", maximum=timedelta(days=1), allow_zero=False).total_seconds()
 
 
+def priority(value: object) -> int:
+    """A todo's priority: an int from -100 to 100 (Django's task range); higher runs first."""
+    return whole_number(value, "priority", PRIORITY_MIN, PRIORITY_MAX)
+
+
 def ttl(value: object) -> timedelta:
     """A lease length: more than zero, at most MAX_LEASE."""
     return duration(value, "ttl", maximum=MAX_LEASE, allow_zero=False)
@@ -357,6 +363,7 @@ CREATION_DEFAULTS: dict[str, Any] = {
     "idempotency_key": None,
     "assignee": None,
     "max_attempts": DEFAULT_MAX_ATTEMPTS,
+    "priority": 0,
     "event": None,
     "run_after": None,
 }
@@ -381,11 +388,12 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
     checked_title = title if title == "" else text(title, "title", TITLE_MAX_LENGTH)
     if not checked_kind and not checked_title.strip():
         raise InvalidTodo("A todo needs a kind or a title; both are empty.")
-    source, key, holder, attempts, given_event, after = (
+    source, key, holder, attempts, rank, given_event, after = (
         get("source", ""),
         get("idempotency_key"),
         get("assignee"),
         get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+        get("priority", 0),
         get("event"),
         get("run_after"),
     )
@@ -402,6 +410,7 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
             if attempts == DEFAULT_MAX_ATTEMPTS and type(attempts) is int
             else whole_number(attempts, "max_attempts", 1, MAX_ATTEMPTS_LIMIT)
         ),
+        "priority": rank if rank == 0 and type(rank) is int else priority(rank),
         "event_id": None if given_event is None else event(given_event),
         "event_given_by_id": isinstance(given_event, str),
         "run_after": None if after is None else run_after(after),

@@ -171,17 +171,22 @@ def inputs(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-@pytest.fixture
-def backlog(db: None) -> None:
-    """Twenty thousand pending todos over three queues, some waiting for a retry; analyzed."""
+@pytest.fixture(params=[False, True], ids=["one priority", "mixed priorities"])
+def backlog(request: pytest.FixtureRequest, db: None) -> None:
+    """Twenty thousand pending todos over three queues, some waiting for a retry; analyzed.
+
+    With mixed priorities, every priority from -100 to 100 is used.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            INSERT INTO todos (queue, kind, created_at, next_retry_at)
-            SELECT (ARRAY['a', 'b', 'c'])[1 + g % 3], 'k', now() - g * interval '1 second',
-                   CASE WHEN g % 10 = 0 THEN now() + interval '1 hour' END
+            INSERT INTO todos (queue, kind, created_at, next_retry_at, priority)
+            SELECT (ARRAY['a', 'b', 'c'])[1 + g %% 3], 'k', now() - g * interval '1 second',
+                   CASE WHEN g %% 10 = 0 THEN now() + interval '1 hour' END,
+                   CASE WHEN %s THEN g %% 201 - 100 ELSE 0 END
               FROM generate_series(1, 20000) AS g
-            """
+            """,
+            [request.param],
         )
         cursor.execute("ANALYZE todos")
 
@@ -285,6 +290,7 @@ def test_create_todo_conflict_target_matches_the_dedupe_index(db: None) -> None:
         "idempotency_key": "key",
         "assignee": None,
         "max_attempts": 5,
+        "priority": 0,
         "run_after": None,
         "notify": True,
     }

@@ -9,8 +9,9 @@
 --
 -- When a todo becomes claimable: a pending todo with no next_retry_at at created_at, one with
 -- a next_retry_at at that time, and a claimed todo whose lease lapsed at lease_expires_at.
--- Claims take the longest-claimable first, so a retried todo queues behind work that was
--- already waiting, as a message that becomes visible again does in SQS.
+-- Claims take the highest priority first and, within a priority, the longest-claimable first,
+-- so a retried todo queues behind work that was already waiting, as a message that becomes
+-- visible again does in SQS.
 --
 -- A statement that makes todos claimable right now also sends NOTIFY switchboard_todos with the
 -- queue name as payload, once per queue and statement (never per row), so that listening
@@ -79,9 +80,9 @@ SET state = 'claimed',
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
 WITH inserted AS (
     INSERT INTO todos (queue, source, kind, title, payload, event_id, idempotency_key,
-                       assignee, max_attempts, next_retry_at)
+                       assignee, max_attempts, priority, next_retry_at)
     VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
-            %(idempotency_key)s, %(assignee)s, %(max_attempts)s,
+            %(idempotency_key)s, %(assignee)s, %(max_attempts)s, %(priority)s,
             CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
     {{unless_key_held}}
     RETURNING *
@@ -103,15 +104,15 @@ WITH batch AS (
       FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
                   %(titles)s::text[], %(payloads)s::jsonb[], %(event_ids)s::text[],
                   %(idempotency_keys)s::text[], %(assignees)s::text[], %(max_attempts)s::int[],
-                  %(run_afters)s::timestamptz[])
+                  %(priorities)s::smallint[], %(run_afters)s::timestamptz[])
            AS row (id, queue, source, kind, title, payload, event_id, idempotency_key,
-                   assignee, max_attempts, run_after)
+                   assignee, max_attempts, priority, run_after)
 ),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
-                       assignee, max_attempts, next_retry_at)
+                       assignee, max_attempts, priority, next_retry_at)
     SELECT id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
-           max_attempts, CASE WHEN run_after > now() THEN run_after END
+           max_attempts, priority, CASE WHEN run_after > now() THEN run_after END
       FROM batch
     {{unless_key_held}}
     RETURNING *
@@ -126,9 +127,12 @@ SELECT todos.*, false AS created
    AND batch.id NOT IN (SELECT id FROM inserted);
 
 -- name: claim_next
--- Claim up to %(limit)s of the longest-claimable todos in %(queues)s for %(owner)s.
--- Each queue is its own index scan that stops at the first unlocked rows, so the cost does not
--- grow with the backlog; a plain "queue = ANY(...) ORDER BY" would sort the whole backlog.
+-- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
+-- priority first, then the longest-claimable. Each queue is its own index scan (in priority,
+-- then created_at order) that stops at the first unlocked rows, so the cost does not grow with
+-- the backlog; a plain "queue = ANY(...) ORDER BY" would sort the whole backlog. Retries that
+-- fell due and lapsed leases come from their own scans, in the order they became claimable,
+-- up to %(limit)s each; all candidates are then ranked by priority and claimable time.
 -- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
 -- at each call, which costs more than running it. So the planner must not see the queues and
 -- the limit, read through "(SELECT ...)": every call then gets the same plan, and the generic
@@ -138,16 +142,16 @@ SELECT todos.*, false AS created
 -- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
 -- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
 WITH ready AS MATERIALIZED (
-    SELECT candidate.id, candidate.created_at AS claimable_at
+    SELECT candidate.id, candidate.priority, candidate.created_at AS claimable_at
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
             SELECT * FROM (
-                SELECT id, created_at
+                SELECT id, priority, created_at
                   FROM todos
                  WHERE state = 'pending' AND next_retry_at IS NULL
                    AND queue = wanted.queue
                    AND (assignee IS NULL OR assignee = %(owner)s)
-                 ORDER BY created_at
+                 ORDER BY priority DESC, created_at
                  LIMIT 1000
                    FOR UPDATE SKIP LOCKED
             ) AS locked
@@ -155,11 +159,11 @@ WITH ready AS MATERIALIZED (
            ) AS candidate
 ),
 due AS MATERIALIZED (
-    SELECT candidate.id, candidate.next_retry_at AS claimable_at
+    SELECT candidate.id, candidate.priority, candidate.next_retry_at AS claimable_at
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
             SELECT * FROM (
-                SELECT id, next_retry_at
+                SELECT id, priority, next_retry_at
                   FROM todos
                  WHERE state = 'pending' AND next_retry_at IS NOT NULL
                    AND queue = wanted.queue
@@ -174,7 +178,7 @@ due AS MATERIALIZED (
 ),
 lapsed AS MATERIALIZED (
     SELECT * FROM (
-        SELECT id, lease_expires_at AS claimable_at
+        SELECT id, priority, lease_expires_at AS claimable_at
           FROM todos
          WHERE state = 'claimed'
            AND lease_expires_at <= now()
@@ -188,10 +192,10 @@ lapsed AS MATERIALIZED (
     LIMIT (SELECT %(limit)s::int)
 ),
 picked AS MATERIALIZED (
-    SELECT id, claimable_at
+    SELECT id, priority, claimable_at
       FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
            AS claimable
-     ORDER BY claimable_at
+     ORDER BY priority DESC, claimable_at
      LIMIT (SELECT %(limit)s::int)
 ),
 claimed AS (
@@ -202,7 +206,7 @@ claimed AS (
 )
 SELECT claimed.*, picked.claimable_at
   FROM claimed JOIN picked ON picked.id = claimed.id
- ORDER BY picked.claimable_at;
+ ORDER BY picked.priority DESC, picked.claimable_at;
 
 -- name: claim
 -- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left.
