@@ -73,9 +73,7 @@ class TodoBackend(BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    # The claim scan is one index scan per queue in claimable order (idx_todos_pending);
-    # priority first would take another index and scan per queue. See docs/tasks.md.
-    supports_priority = False
+    supports_priority = True
 
     def validate_task(self, task: AnyTask) -> None:
         """Django's checks, a timedelta `run_after` (which they crash on), and todo limits."""
@@ -102,19 +100,25 @@ class TodoBackend(BaseTaskBackend):
                 f"Task {task.module_path!r} does not import back as itself: define tasks at "
                 "module level, under their own name, so that the worker can find them."
             )
+        run_after = _absolute(task.run_after)
+        payload = {
+            "args": normalize_json(args),
+            "kwargs": normalize_json(kwargs),
+            "backend": self.alias,
+        }
+        if run_after is not None:
+            # Kept for get_result: next_retry_at means the next retry once the task has failed.
+            payload["run_after"] = run_after.isoformat()
         todo, _ = Todo.objects.create_todo(
             queue=task.queue_name,
             kind=task.module_path,
             source=TASKS_SOURCE,
-            payload={
-                "args": normalize_json(args),
-                "kwargs": normalize_json(kwargs),
-                "backend": self.alias,
-            },
+            payload=payload,
             max_attempts=self.options.get("max_attempts", OPTIONS["max_attempts"]),
-            run_after=_absolute(task.run_after),
+            priority=task.priority,
+            run_after=run_after,
         )
-        result = cast("TaskResult[P, R]", task_result(todo, task))
+        result = cast("TaskResult[P, R]", task_result(todo, _rebuilt(task, run_after=run_after)))
         task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -249,7 +253,14 @@ def restore_task(todo: Todo) -> AnyTask:
     """
     task = _import_task(todo.kind)
     backend = todo.payload.get("backend", task.backend)
-    return _rebuilt(task, backend=backend, queue_name=todo.queue, run_after=None)
+    run_after = todo.payload.get("run_after")
+    return _rebuilt(
+        task,
+        backend=backend,
+        queue_name=todo.queue,
+        priority=todo.priority,
+        run_after=None if run_after is None else datetime.fromisoformat(run_after),
+    )
 
 
 def _import_task(path: str) -> AnyTask:

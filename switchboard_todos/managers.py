@@ -503,6 +503,21 @@ class TodoManager(models.Manager["Todo"]):
         changed = self._rows("dead_letter", {"ids": ids, "reason": checked["reason"]})
         return self._batch_result("dead_letter", ids, changed)
 
+    def set_priority(self, todo_id: str, priority: int) -> Todo:
+        """Give a pending todo a new priority (-100 to 100; higher is claimed sooner)."""
+        checked = validation.arguments(todo_id=todo_id, priority=priority)
+        params = {"ids": [checked["todo_id"]], "priority": checked["priority"]}
+        return self._transition("set_priority", params) or self._classify_miss(
+            "set_priority", todo_id, None
+        )
+
+    def set_priority_many(self, todo_ids: Iterable[str], priority: int) -> BatchResult:
+        """Give many pending todos a new priority in one statement."""
+        checked = validation.arguments(todo_ids=todo_ids, priority=priority)
+        ids = checked["todo_ids"]
+        changed = self._rows("set_priority", {"ids": ids, "priority": checked["priority"]})
+        return self._batch_result("set_priority", ids, changed)
+
     # The machinery every transition shares
 
     @property
@@ -634,6 +649,8 @@ class TodoManager(models.Manager["Todo"]):
     aexpire_lease_many = _async_twin(expire_lease_many)
     adead_letter = _async_twin(dead_letter)
     adead_letter_many = _async_twin(dead_letter_many)
+    aset_priority = _async_twin(set_priority)
+    aset_priority_many = _async_twin(set_priority_many)
 
 
 #: The blocking claims of this process share one view of a database fault.

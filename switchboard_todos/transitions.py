@@ -216,6 +216,19 @@ TRANSITIONS: dict[str, Transition] = {
                 done="dead-lettered",
             ),
         ),
+        Transition(
+            "set_priority",
+            frozenset({State.PENDING}),
+            wrong_state="Todo {id} is {state}; only pending todos can be given a priority.",
+            not_in_state="not pending",
+            repair=Repair(
+                permission="set_priority_todo",
+                permission_name="Can set the priority of pending todos",
+                label=_("Set its priority…"),
+                explanation=_("Asks for the new priority first; higher is claimed sooner"),
+                done="reprioritised",
+            ),
+        ),
     )
 }
 

@@ -455,6 +455,7 @@ ARGUMENTS: dict[str, Callable[[Any], Any]] = {
     "retry_in": optional(lambda value: delay(value, "retry_in")),
     "delay": optional(lambda value: delay(value, "delay"), timedelta(0)),
     "reason": reason,
+    "priority": priority,
 }
 
 

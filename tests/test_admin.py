@@ -415,14 +415,15 @@ def test_a_todo_cannot_be_added_edited_or_deleted(
         (State.FAILED, "requeue_selected", "requeue_todo"),
         (State.CLAIMED, "expire_lease_selected", "expire_lease_todo"),
         (State.PENDING, "dead_letter_selected", "dead_letter_todo"),
+        (State.PENDING, "set_priority_selected", "set_priority_todo"),
     ],
 )
 def test_the_detail_page_offers_the_repair_its_state_allows(
     operator: Callable[..., Client], make_todo: MakeTodo, state: str, action: str, codename: str
 ) -> None:
-    """A button for the one action that fits the state, shown only with its permission."""
+    """A button for each action that fits the state, shown only with its permission."""
     todo = make_todo(state=state)
-    others = set(ACTIONS) - {action}
+    others = {other for other, (_, needs) in ACTIONS.items() if needs != state}
     page = operator("view_todo", *[code for code, _ in ACTIONS.values()]).get(change_url(todo))
     assert page.status_code == 200, (page.status_code, page.get("Location"))
     html = page.content.decode()
@@ -502,6 +503,37 @@ def test_dead_letter_asks_for_a_reason_first(admin_client: Client, make_todo: Ma
     )
     assert "This field is required" in empty.content.decode()
     assert Todo.objects.get(pk=pending.pk).state == State.PENDING
+
+
+def test_set_priority_asks_then_sets_it_on_pending_todos(
+    admin_client: Client, make_todo: MakeTodo
+) -> None:
+    """The form asks for a priority in range; pending todos get it, each change audited."""
+    pending, claimed = make_todo(title="Urgent report"), make_todo(state=State.CLAIMED)
+    page = run_action(admin_client, "set_priority_selected", [pending, claimed]).content.decode()
+    assert "get the priority below" in page and "Urgent report" in page
+    assert 'name="priority"' in page and "1 selected todos are not pending" in page
+    too_high = run_action(
+        admin_client, "set_priority_selected", [pending], post="yes", priority="101"
+    )
+    assert "less than or equal to 100" in too_high.content.decode()
+    assert Todo.objects.get(pk=pending.pk).priority == 0
+    response = run_action(
+        admin_client, "set_priority_selected", [pending, claimed], post="yes", priority="42"
+    )
+    assert messages_of(response) == [
+        "1 todo reprioritised.",
+        f"1 not reprioritised: it is claimed, not pending ({claimed.pk}).",
+    ]
+    assert Todo.objects.get(pk=pending.pk).priority == 42
+    assert LogEntry.objects.get().change_message == "Priority set to 42 while pending."
+
+
+def test_the_priority_filter(admin_client: Client, make_todo: MakeTodo) -> None:
+    high, normal, low = make_todo(priority=5), make_todo(), make_todo(priority=-5)
+    for choice, todo in (("high", high), ("normal", normal), ("low", low)):
+        listed = admin_client.get(f"{CHANGELIST}?priority={choice}").context["cl"].result_list
+        assert [shown.pk for shown in listed] == [todo.pk]
 
 
 def test_dead_letter_with_a_reason(admin_client: Client, make_todo: MakeTodo) -> None:
@@ -587,6 +619,7 @@ ACTIONS = {
     "requeue_selected": ("requeue_todo", State.FAILED),
     "expire_lease_selected": ("expire_lease_todo", State.CLAIMED),
     "dead_letter_selected": ("dead_letter_todo", State.PENDING),
+    "set_priority_selected": ("set_priority_todo", State.PENDING),
 }
 
 
@@ -599,19 +632,19 @@ def test_each_action_needs_its_permission(
     todo = make_todo(state=state)
     viewer = operator("view_todo")
     assert viewer.get(CHANGELIST).context["action_form"] is None
-    response = run_action(viewer, action, [todo], post="yes", reason="r")
+    response = run_action(viewer, action, [todo], post="yes", reason="r", priority="9")
     assert messages_of(response) == []
 
     def fingerprint() -> tuple[Any, ...]:
         fresh = Todo.objects.get(pk=todo.pk)
-        return fresh.state, fresh.lease_expires_at
+        return fresh.state, fresh.lease_expires_at, fresh.priority
 
     before = fingerprint()
     assert not LogEntry.objects.exists()
     allowed = operator("view_todo", codename)
     choices = dict(allowed.get(CHANGELIST).context["action_form"].fields["action"].choices)
     assert set(choices) - {""} == {action}
-    run_action(allowed, action, [todo], post="yes", reason="r")
+    run_action(allowed, action, [todo], post="yes", reason="r", priority="9")
     assert fingerprint() != before
     assert LogEntry.objects.count() == 1
 

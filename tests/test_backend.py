@@ -133,17 +133,39 @@ def test_a_timedelta_run_after_counts_from_enqueue() -> None:
     assert before + timedelta(minutes=5) <= deferred <= timezone.now() + timedelta(minutes=5)
 
 
+@pytest.mark.django_db
+def test_priority_and_run_after_are_stored_and_read_back() -> None:
+    """The task's priority orders the claim; get_result gives back priority and run_after,
+    a timedelta run_after as the absolute time it meant at enqueue."""
+    before = timezone.now()
+    low = tasks.add.using(priority=-5).enqueue(1, 1)
+    deferred = tasks.add.using(priority=7, run_after=timedelta(minutes=5)).enqueue(2, 2)  # type: ignore[arg-type]
+    high = tasks.add.using(priority=50).enqueue(3, 3)
+    assert Todo.objects.get(pk=high.id).priority == 50
+    claimed = Todo.objects.claim_batch("default", "w1", 30, limit=10)
+    assert [todo.id for todo in claimed] == [high.id, low.id]
+    read = tasks.add.get_result(deferred.id)
+    assert read.task.priority == 7
+    assert read.task.run_after is not None
+    assert (
+        before + timedelta(minutes=5)
+        <= read.task.run_after
+        <= timezone.now() + timedelta(minutes=5)
+    )
+    assert deferred.task.run_after == read.task.run_after
+    assert tasks.add.get_result(low.id).task.run_after is None
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: tasks.add.using(priority=5), "priority"),
         (lambda: tasks.add.using(run_after=datetime(2030, 1, 1)), "aware"),
         (lambda: tasks.add.using(run_after=-timedelta(1)), "negative timedelta"),  # type: ignore[arg-type]
         (lambda: tasks.add.using(queue_name="unlisted"), "Queue 'unlisted' is not valid"),
     ],
 )
 def test_invalid_tasks_are_refused_when_built(make: Callable[[], Any], message: str) -> None:
-    """Priority (unsupported), naive or negative run_after, an unlisted queue: InvalidTask."""
+    """Naive or negative run_after, an unlisted queue: InvalidTask."""
     with pytest.raises(InvalidTask, match=message):
         make()
 

@@ -77,3 +77,17 @@ def test_a_bad_priority_is_refused_before_any_write(priority: Any, message: str)
     with pytest.raises(InvalidTodo, match=message):
         Todo.objects.enqueue_many([{"kind": "k", "priority": priority}])
     assert not Todo.objects.exists()
+
+
+def test_set_priority_changes_pending_todos_only(make_todo: MakeTodo) -> None:
+    pending, claimed = make_todo(), make_todo(state=State.CLAIMED)
+    assert Todo.objects.set_priority(pending.id, 30).priority == 30
+    result = Todo.objects.set_priority_many([pending.id, claimed.id, "td_missing"], -7)
+    assert [todo.id for todo in result.changed] == [pending.id]
+    assert result.refused == {
+        claimed.id: "it is claimed, not pending",
+        "td_missing": "it does not exist",
+    }
+    assert Todo.objects.get(pk=claimed.pk).priority == 0
+    with pytest.raises(InvalidTodo, match="priority must be between"):
+        Todo.objects.set_priority_many([pending.id], 500)

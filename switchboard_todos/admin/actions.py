@@ -32,7 +32,7 @@ from switchboard_todos.bulk import BATCH_SIZE, BulkOutcome, apply_in_batches
 from switchboard_todos.managers import BatchResult
 from switchboard_todos.models import Todo
 from switchboard_todos.transitions import REPAIRS, TRANSITIONS, Repair, Transition
-from switchboard_todos.validation import REASON_MAX_LENGTH
+from switchboard_todos.validation import PRIORITY_MAX, PRIORITY_MIN, REASON_MAX_LENGTH
 
 #: Ids named in a refusal message, per reason; the rest are counted.
 IDS_SHOWN = 5
@@ -85,6 +85,27 @@ def _dead_letter_operation(reason: str) -> Operation:
     )
 
 
+def _set_priority_operation(priority: int) -> Operation:
+    return Operation(
+        *REPAIRS["set_priority"],
+        run=lambda ids: Todo.objects.set_priority_many(ids, priority),
+        log=lambda todo: f"Priority set to {priority} while pending.",
+    )
+
+
+class SetPriorityForm(forms.Form):
+    priority = forms.IntegerField(
+        label=_("Priority"),
+        min_value=PRIORITY_MIN,
+        max_value=PRIORITY_MAX,
+        initial=0,
+        help_text=_(
+            "From -100 to 100; higher is claimed sooner, 0 is the default. Within one priority, "
+            "the todo waiting longest goes first."
+        ),
+    )
+
+
 class DeadLetterForm(forms.Form):
     reason = forms.CharField(
         label=_("Reason"),
@@ -115,6 +136,9 @@ class TodoActions(TodoModelAdmin):
     def has_dead_letter_permission(self, request: HttpRequest) -> bool:
         return may_repair(request, REPAIRS["dead_letter"][1])
 
+    def has_set_priority_permission(self, request: HttpRequest) -> bool:
+        return may_repair(request, REPAIRS["set_priority"][1])
+
     # Actions
 
     @admin.action(
@@ -144,24 +168,52 @@ class TodoActions(TodoModelAdmin):
                 request, queryset, _dead_letter_operation(form.cleaned_data["reason"])
             )
             return None
-        pending = queryset.filter(state__in=TRANSITIONS["dead_letter"].from_states)
+        return self._confirm(
+            request, queryset, form, "dead_letter", _("Dead-letter (cancel) todos")
+        )
+
+    @admin.action(
+        permissions=["set_priority"],
+        description=_("Set the priority of selected pending todos…"),
+    )
+    def set_priority_selected(
+        self, request: HttpRequest, queryset: QuerySet[Todo]
+    ) -> TemplateResponse | None:
+        form = SetPriorityForm(request.POST if "post" in request.POST else None)
+        if form.is_valid():
+            self.run_operation(
+                request, queryset, _set_priority_operation(form.cleaned_data["priority"])
+            )
+            return None
+        return self._confirm(request, queryset, form, "set_priority", _("Set the priority"))
+
+    def _confirm(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Todo],
+        form: forms.Form,
+        name: str,
+        title: Any,
+    ) -> TemplateResponse:
+        """The page that asks for an action's input, listing the pending todos it changes."""
+        from_states = TRANSITIONS[name].from_states
+        pending = queryset.filter(state__in=from_states)
         context = {
             **self.admin_site.each_context(request),
-            "title": _("Dead-letter (cancel) todos"),
+            "title": title,
             "opts": self.opts,
             "back": request.get_full_path(),
             "form": form,
             "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "select_across": request.POST.get("select_across", "0"),
             "pending_count": capped_count(pending),
-            "other_count": capped_count(
-                queryset.exclude(state__in=TRANSITIONS["dead_letter"].from_states)
-            ),
+            "other_count": capped_count(queryset.exclude(state__in=from_states)),
             "shown": list(pending.defer(*JSON_COLUMNS)[:100]),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action_name": f"{name}_selected",
         }
         return TemplateResponse(
-            request, "admin/switchboard_todos/todo/dead_letter_confirmation.html", context
+            request, f"admin/switchboard_todos/todo/{name}_confirmation.html", context
         )
 
     def run_operation(

@@ -42,6 +42,25 @@ class AttentionFilter(admin.SimpleListFilter):
         return queryset if chosen is None else queryset.filter(chosen[1])
 
 
+class PriorityFilter(admin.SimpleListFilter):
+    """Above, at or below the default priority: three ranges, no count over the table."""
+
+    title = _("priority")
+    parameter_name = "priority"
+    RANGES = {"high": Q(priority__gt=0), "normal": Q(priority=0), "low": Q(priority__lt=0)}
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [
+            ("high", _("Above normal (> 0)")),
+            ("normal", _("Normal (0)")),
+            ("low", _("Below normal (< 0)")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        selected = self.RANGES.get(self.value() or "")
+        return queryset if selected is None else queryset.filter(selected)
+
+
 class ValuesFilter(admin.SimpleListFilter):
     """An exact-match filter whose choices are read cheaply (`values`), plus the chosen one."""
 

@@ -27,7 +27,13 @@ from switchboard_todos.admin.actions import TodoActions
 from switchboard_todos.admin.base import JSON_COLUMNS, ReadOnly, RefusesNul
 from switchboard_todos.admin.dates import AdminTodoQuerySet
 from switchboard_todos.admin.display import event_link, failure_table, pretty_json
-from switchboard_todos.admin.filters import AssigneeFilter, AttentionFilter, KindFilter, QueueFilter
+from switchboard_todos.admin.filters import (
+    AssigneeFilter,
+    AttentionFilter,
+    KindFilter,
+    PriorityFilter,
+    QueueFilter,
+)
 from switchboard_todos.admin.health import HealthPage
 from switchboard_todos.admin.pagination import EstimatedCountPaginator
 from switchboard_todos.models import State, Todo
@@ -60,7 +66,14 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
         "lease_or_retry",
         "created_at",
     ]
-    list_filter = ["state", AttentionFilter, QueueFilter, KindFilter, AssigneeFilter]
+    list_filter = [
+        "state",
+        AttentionFilter,
+        PriorityFilter,
+        QueueFilter,
+        KindFilter,
+        AssigneeFilter,
+    ]
     date_hierarchy = "created_at"
     search_fields = ["=id"]
     search_help_text = _(
@@ -74,7 +87,12 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
     # Facets count every filter choice over the whole list on each page view.
     show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
-    actions = ["requeue_selected", "expire_lease_selected", "dead_letter_selected"]
+    actions = [
+        "requeue_selected",
+        "expire_lease_selected",
+        "dead_letter_selected",
+        "set_priority_selected",
+    ]
     fieldsets = [
         (
             _("What"),
@@ -102,6 +120,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
                 ),
                 "fields": [
                     "state_explained",
+                    "priority",
                     "owner",
                     "attempts",
                     "lease_expires_at",

@@ -1,4 +1,5 @@
-"""Priority: a column, its range check, and the claim index ordered by it.
+"""Priority: a column, its range check, the claim index ordered by it, and the permission to
+set it from the admin.
 
 Written for a live table, which is written all the time:
 * the column has a constant default, which PostgreSQL 11+ adds without rewriting the table;
@@ -27,6 +28,18 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AlterModelOptions(
+            name="todo",
+            options={
+                "ordering": ["-created_at"],
+                "permissions": [
+                    ("requeue_todo", "Can requeue dead-lettered todos"),
+                    ("expire_lease_todo", "Can expire the lease of claimed todos"),
+                    ("dead_letter_todo", "Can dead-letter pending todos"),
+                    ("set_priority_todo", "Can set the priority of pending todos"),
+                ],
+            },
+        ),
         migrations.AddField(
             model_name="todo",
             name="priority",

@@ -381,6 +381,14 @@ UPDATE todos
  WHERE id = ANY (%(ids)s::text[]) AND state = 'pending'
 RETURNING *;
 
+-- name: set_priority
+-- Operator reprioritisation: the pending todos in %(ids)s get priority %(priority)s. Guard:
+-- pending; a claimed or finished todo's priority decides nothing any more.
+UPDATE todos
+   SET priority = %(priority)s, updated_at = now()
+ WHERE id = ANY (%(ids)s::text[]) AND state = 'pending'
+RETURNING *;
+
 -- name: classify_miss
 -- Read what a guarded statement saw for each of %(ids)s, to say why it touched no row.
 SELECT id, state, owner, assignee, queue, idempotency_key, attempt, max_attempts,
