@@ -106,6 +106,15 @@ def test_create_claim_heartbeat_complete(a1: AgentClient) -> None:
     assert Todo.objects.get(pk=todo["id"]).state == State.DONE
 
 
+def test_create_with_a_priority_is_claimed_first(a1: AgentClient) -> None:
+    a1.post("/todos/", {"queue": "work", "kind": "later"})
+    urgent = a1.post("/todos/", {"queue": "work", "kind": "now", "priority": 90}).json()
+    assert urgent["priority"] == 90
+    claimed = a1.post("/claim/", {"queues": ["work"], "ttl": 30}).json()["todos"]
+    assert [todo["id"] for todo in claimed] == [urgent["id"]]
+    assert_problem(a1.post("/todos/", {"queue": "work", "kind": "k", "priority": 101}), 422)
+
+
 def test_fail_release_and_claim_by_id(a1: AgentClient, make_todo: Callable[..., Todo]) -> None:
     todo = make_todo(queue="work")
     claimed = a1.post(f"/todos/{todo.id}/claim/", {"ttl": 30})

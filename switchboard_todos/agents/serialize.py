@@ -29,6 +29,7 @@ class TodoJSON(TypedDict):
     idempotency_key: str | None
     attempt: int
     max_attempts: int
+    priority: int
     lease_expires_at: str | None
     next_retry_at: str | None
     created_at: str | None
@@ -55,6 +56,7 @@ def todo_json(todo: Todo) -> TodoJSON:
         "idempotency_key": todo.idempotency_key,
         "attempt": todo.attempt,
         "max_attempts": todo.max_attempts,
+        "priority": todo.priority,
         "lease_expires_at": _time(todo.lease_expires_at),
         "next_retry_at": _time(todo.next_retry_at),
         "created_at": _time(todo.created_at),

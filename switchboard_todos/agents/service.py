@@ -263,6 +263,7 @@ def create_for(
     assignee: str | None = None,
     run_after: datetime | str | None = None,
     max_attempts: int = 5,
+    priority: int = 0,
 ) -> tuple[Todo, bool]:
     """Enqueue a todo in one of the agent's create queues; returns (todo, created).
 
@@ -281,6 +282,7 @@ def create_for(
         idempotency_key=idempotency_key,
         assignee=assignee,
         max_attempts=max_attempts,
+        priority=priority,
         run_after=_moment(run_after),
     )
 

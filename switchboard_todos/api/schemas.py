@@ -105,3 +105,4 @@ class CreateIn(Request):
         json_schema_extra={"format": "date-time"},
     )
     max_attempts: int = 5
+    priority: int = Field(default=0, description="-100 to 100; higher is claimed sooner.")

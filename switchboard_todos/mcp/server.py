@@ -255,6 +255,9 @@ class Tools:
         max_attempts: Annotated[
             int, Field(description="Attempts before it becomes a dead letter.")
         ] = 5,
+        priority: Annotated[
+            int, Field(description="-100 to 100; higher is claimed sooner; default 0.")
+        ] = 0,
     ) -> Annotated[CallToolResult, Created]:
         """Create a todo for another agent or worker (or for later): hand off work you found.
         With an `idempotency_key`, calling again after a timeout or crash is safe: the live
@@ -272,6 +275,7 @@ class Tools:
                 assignee=assignee,
                 run_after=run_after,
                 max_attempts=max_attempts,
+                priority=priority,
             )
             return {"todo": todo_json(todo), "created": created}
 
