@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
+#: The index that lets one claimed todo at most hold a concurrency key, and how many times a
+#: claim that loses the race for a key runs before it returns nothing for this call.
+KEY_CLAIMED_INDEX = "idx_todos_key_claimed"
+KEY_RACE_TRIES = 10
+
 
 class _Layout(NamedTuple):
     """Where a Todo's values are in rows of one shape (see `TodoManager._layout`)."""
@@ -99,6 +104,7 @@ class TodoManager(models.Manager["Todo"]):
         assignee: str | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         priority: int = 0,
+        concurrency_key: str | None = None,
         event: Event | str | None = None,
         run_after: datetime | None = None,
     ) -> tuple[Todo, bool]:
@@ -116,6 +122,7 @@ class TodoManager(models.Manager["Todo"]):
             "assignee": assignee,
             "max_attempts": max_attempts,
             "priority": priority,
+            "concurrency_key": concurrency_key,
             "event": event,
             "run_after": run_after,
         }
@@ -145,6 +152,7 @@ class TodoManager(models.Manager["Todo"]):
             "assignees": [p["assignee"] for p in batch],
             "max_attempts": [p["max_attempts"] for p in batch],
             "priorities": [p["priority"] for p in batch],
+            "concurrency_keys": [p["concurrency_key"] for p in batch],
             "run_afters": [p["run_after"] for p in batch],
             "notify": conf.LISTEN,
         }
@@ -345,7 +353,26 @@ class TodoManager(models.Manager["Todo"]):
             waiting.close()
 
     def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
-        return [todo for todo, _ in self._run("claim_next", params)]
+        """Run the claim; one that keeps losing races for concurrency keys claims nothing."""
+        for _ in range(KEY_RACE_TRIES):
+            try:
+                return [todo for todo, _ in self._run("claim_next", params)]
+            except IntegrityError as error:
+                if not self._lost_key_race(error):
+                    raise
+        return []
+
+    def _lost_key_race(self, error: IntegrityError) -> bool:
+        """Whether a claim failed because a concurrent claim took a concurrency key first.
+
+        Both saw the key free; idx_todos_key_claimed let the other one through. Running the
+        claim again sees that holder and passes the key over. Inside the caller's transaction
+        the error has aborted it, so it is the caller's to see.
+        """
+        return (
+            _constraint_name(error) == KEY_CLAIMED_INDEX
+            and not connections[self._db_alias].in_atomic_block
+        )
 
     def _claim_through_faults(
         self, params: Mapping[str, Any]
@@ -368,7 +395,13 @@ class TodoManager(models.Manager["Todo"]):
     def claim(self, todo_id: str, owner: str, ttl: Seconds) -> Todo:
         """Claim one todo by id; it must be due, and assigned to `owner` or to nobody."""
         params = validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl)
-        return self._transition("claim", params) or self._classify_miss("claim", todo_id, owner)
+        try:
+            claimed = self._transition("claim", params)
+        except IntegrityError as error:
+            if not self._lost_key_race(error):
+                raise
+            claimed = None  # a concurrent claim took its concurrency key: say so below
+        return claimed or self._classify_miss("claim", todo_id, owner)
 
     # The owner's verbs
 
@@ -726,6 +759,7 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
     "assignee": ("assignee", None),
     "max_attempts": ("max_attempts", DEFAULT_MAX_ATTEMPTS),
     "priority": ("priority", 0),
+    "concurrency_key": ("concurrency_key", None),
     "run_after": ("next_retry_at", None),
 }
 

@@ -115,6 +115,8 @@ class Todo(models.Model):
     # Higher is claimed first, -100 to 100 as Django's task priority; equal ones in the order
     # they became claimable.
     priority = models.SmallIntegerField(db_default=0)
+    # While a todo with a key is claimed, no other todo with that key (in any queue) is.
+    concurrency_key = models.TextField(null=True, blank=True)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     errors = models.JSONField(db_default=models.Value([], models.JSONField()))
@@ -137,6 +139,13 @@ class Todo(models.Model):
             models.CheckConstraint(
                 condition=Q(priority__gte=-100, priority__lte=100), name="todos_priority_check"
             ),
+            # One claimed todo per concurrency key: what settles two claims that both saw the
+            # key free (the claim passes over held keys itself, sql/todos.sql key_free).
+            models.UniqueConstraint(
+                fields=["concurrency_key"],
+                condition=Q(concurrency_key__isnull=False, state=State.CLAIMED),
+                name="idx_todos_key_claimed",
+            ),
             models.UniqueConstraint(
                 fields=["queue", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False)
@@ -157,6 +166,17 @@ class Todo(models.Model):
                 name="idx_todos_pending",
             ),
             # The claim scan's other branch: retries and scheduled todos, in the order they are due.
+            # A concurrency key's ready todos in claim order: the claim takes only the first.
+            models.Index(
+                F("concurrency_key"),
+                F("priority").desc(),
+                F("created_at"),
+                F("id"),
+                condition=Q(
+                    concurrency_key__isnull=False, state=State.PENDING, next_retry_at__isnull=True
+                ),
+                name="idx_todos_key_order",
+            ),
             models.Index(
                 fields=["queue", "next_retry_at"],
                 condition=Q(state=State.PENDING, next_retry_at__isnull=False),

@@ -131,6 +131,13 @@ _LEASE_HELD = Obstacle(
     stands=lambda seen, caller: seen["state"] == State.CLAIMED and not seen["lease_lapsed"],
     conflict="Todo {id} is claimed by {owner!r} until {lease_expires_at}.",
 )
+_KEY_HELD = Obstacle(
+    stands=lambda seen, caller: seen["key_holder"] is not None,
+    conflict=(
+        "Todo {id} waits for its concurrency key {concurrency_key!r}, held by claimed todo "
+        "{key_holder}."
+    ),
+)
 _NO_ATTEMPT_LEFT = Obstacle(
     stands=lambda seen, caller: (
         seen["state"] == State.CLAIMED and seen["attempt"] >= seen["max_attempts"]
@@ -167,7 +174,7 @@ TRANSITIONS: dict[str, Transition] = {
             "claim",
             frozenset({State.PENDING, State.CLAIMED}),
             wrong_state="Todo {id} is {state}; only pending todos can be claimed.",
-            obstacles=(_ASSIGNED_ELSEWHERE, _WAITING, _LEASE_HELD, _NO_ATTEMPT_LEFT),
+            obstacles=(_ASSIGNED_ELSEWHERE, _WAITING, _LEASE_HELD, _NO_ATTEMPT_LEFT, _KEY_HELD),
         ),
         _owner_guarded("heartbeat"),
         _owner_guarded("heartbeat_many"),

@@ -149,6 +149,11 @@ def idempotency_key(value: object) -> str | None:
     return text(value, "idempotency_key", IDEMPOTENCY_KEY_MAX_LENGTH, required=True)
 
 
+def concurrency_key(value: object) -> str:
+    """A key no two claimed todos may share: a non-blank str of at most 255 characters."""
+    return text(value, "concurrency_key", IDEMPOTENCY_KEY_MAX_LENGTH, required=True)
+
+
 def assignee(value: object) -> str | None:
     """None lets any owner claim; a name reserves the todo for that owner."""
     if value is None:
@@ -364,6 +369,7 @@ CREATION_DEFAULTS: dict[str, Any] = {
     "assignee": None,
     "max_attempts": DEFAULT_MAX_ATTEMPTS,
     "priority": 0,
+    "concurrency_key": None,
     "event": None,
     "run_after": None,
 }
@@ -388,12 +394,13 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
     checked_title = title if title == "" else text(title, "title", TITLE_MAX_LENGTH)
     if not checked_kind and not checked_title.strip():
         raise InvalidTodo("A todo needs a kind or a title; both are empty.")
-    source, key, holder, attempts, rank, given_event, after = (
+    source, key, holder, attempts, rank, one_at_a_time, given_event, after = (
         get("source", ""),
         get("idempotency_key"),
         get("assignee"),
         get("max_attempts", DEFAULT_MAX_ATTEMPTS),
         get("priority", 0),
+        get("concurrency_key"),
         get("event"),
         get("run_after"),
     )
@@ -411,6 +418,7 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
             else whole_number(attempts, "max_attempts", 1, MAX_ATTEMPTS_LIMIT)
         ),
         "priority": rank if rank == 0 and type(rank) is int else priority(rank),
+        "concurrency_key": None if one_at_a_time is None else concurrency_key(one_at_a_time),
         "event_id": None if given_event is None else event(given_event),
         "event_given_by_id": isinstance(given_event, str),
         "run_after": None if after is None else run_after(after),

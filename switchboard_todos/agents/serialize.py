@@ -30,6 +30,7 @@ class TodoJSON(TypedDict):
     attempt: int
     max_attempts: int
     priority: int
+    concurrency_key: str | None
     lease_expires_at: str | None
     next_retry_at: str | None
     created_at: str | None
@@ -57,6 +58,7 @@ def todo_json(todo: Todo) -> TodoJSON:
         "attempt": todo.attempt,
         "max_attempts": todo.max_attempts,
         "priority": todo.priority,
+        "concurrency_key": todo.concurrency_key,
         "lease_expires_at": _time(todo.lease_expires_at),
         "next_retry_at": _time(todo.next_retry_at),
         "created_at": _time(todo.created_at),

@@ -264,6 +264,7 @@ def create_for(
     run_after: datetime | str | None = None,
     max_attempts: int = 5,
     priority: int = 0,
+    concurrency_key: str | None = None,
 ) -> tuple[Todo, bool]:
     """Enqueue a todo in one of the agent's create queues; returns (todo, created).
 
@@ -283,6 +284,7 @@ def create_for(
         assignee=assignee,
         max_attempts=max_attempts,
         priority=priority,
+        concurrency_key=concurrency_key,
         run_after=_moment(run_after),
     )
 

@@ -106,3 +106,7 @@ class CreateIn(Request):
     )
     max_attempts: int = 5
     priority: int = Field(default=0, description="-100 to 100; higher is claimed sooner.")
+    concurrency_key: str | None = Field(
+        default=None,
+        description="While a todo with this key is claimed, no other todo with it is.",
+    )

@@ -258,6 +258,13 @@ class Tools:
         priority: Annotated[
             int, Field(description="-100 to 100; higher is claimed sooner; default 0.")
         ] = 0,
+        concurrency_key: Annotated[
+            str | None,
+            Field(
+                description="One at a time per key: while a todo with this key is claimed, no "
+                "other todo with it is (e.g. one agent per repository)."
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, Created]:
         """Create a todo for another agent or worker (or for later): hand off work you found.
         With an `idempotency_key`, calling again after a timeout or crash is safe: the live
@@ -276,6 +283,7 @@ class Tools:
                 run_after=run_after,
                 max_attempts=max_attempts,
                 priority=priority,
+                concurrency_key=concurrency_key,
             )
             return {"todo": todo_json(todo), "created": created}
 

@@ -29,6 +29,26 @@
 -- the predicate of idx_todos_dedupe; `state` is the column, qualified as the statement needs.
 $state <> 'done' AND $state <> 'failed'
 
+-- fragment: key_free(todo)
+-- `todo` (a row of todos) has no concurrency key, or no other claimed todo holds its key. The
+-- database settles two claims that both saw the key free: idx_todos_key_claimed lets only one
+-- claimed todo hold a key, and the claim that loses runs again (managers.py).
+($todo.concurrency_key IS NULL OR NOT EXISTS (
+     SELECT FROM todos AS holder
+      WHERE holder.concurrency_key = $todo.concurrency_key AND holder.state = 'claimed'
+        AND holder.id <> $todo.id))
+
+-- fragment: key_head(todo)
+-- `todo` (a ready row of todos) has no concurrency key, or no ready todo with its key comes
+-- before it (higher priority, then older, then lower id): so the todos of one key are claimed
+-- in order, even while a concurrent claim holds the first one locked (idx_todos_key_order).
+($todo.concurrency_key IS NULL OR NOT EXISTS (
+     SELECT FROM todos AS earlier
+      WHERE earlier.concurrency_key = $todo.concurrency_key AND earlier.state = 'pending'
+        AND earlier.next_retry_at IS NULL
+        AND (-earlier.priority, earlier.created_at, earlier.id)
+            < (-$todo.priority, $todo.created_at, $todo.id)))
+
 -- fragment: unless_key_held
 -- An insert skips a todo whose (queue, idempotency_key) a live todo holds (idx_todos_dedupe).
 ON CONFLICT (queue, idempotency_key)
@@ -80,9 +100,10 @@ SET state = 'claimed',
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
 WITH inserted AS (
     INSERT INTO todos (queue, source, kind, title, payload, event_id, idempotency_key,
-                       assignee, max_attempts, priority, next_retry_at)
+                       assignee, max_attempts, priority, concurrency_key, next_retry_at)
     VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
             %(idempotency_key)s, %(assignee)s, %(max_attempts)s, %(priority)s,
+            %(concurrency_key)s,
             CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
     {{unless_key_held}}
     RETURNING *
@@ -104,15 +125,16 @@ WITH batch AS (
       FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
                   %(titles)s::text[], %(payloads)s::jsonb[], %(event_ids)s::text[],
                   %(idempotency_keys)s::text[], %(assignees)s::text[], %(max_attempts)s::int[],
-                  %(priorities)s::smallint[], %(run_afters)s::timestamptz[])
+                  %(priorities)s::smallint[], %(concurrency_keys)s::text[],
+                  %(run_afters)s::timestamptz[])
            AS row (id, queue, source, kind, title, payload, event_id, idempotency_key,
-                   assignee, max_attempts, priority, run_after)
+                   assignee, max_attempts, priority, concurrency_key, run_after)
 ),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
-                       assignee, max_attempts, priority, next_retry_at)
+                       assignee, max_attempts, priority, concurrency_key, next_retry_at)
     SELECT id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
-           max_attempts, priority, CASE WHEN run_after > now() THEN run_after END
+           max_attempts, priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
       FROM batch
     {{unless_key_held}}
     RETURNING *
@@ -132,7 +154,9 @@ SELECT todos.*, false AS created
 -- then created_at order) that stops at the first unlocked rows, so the cost does not grow with
 -- the backlog; a plain "queue = ANY(...) ORDER BY" would sort the whole backlog. Retries that
 -- fell due and lapsed leases come from their own scans, in the order they became claimable,
--- up to %(limit)s each; all candidates are then ranked by priority and claimable time.
+-- up to %(limit)s each; all candidates are then ranked by priority and claimable time. A todo
+-- whose concurrency key another claimed todo holds is passed over, and of candidates sharing a
+-- key only the first is taken, so one key is never claimed twice.
 -- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
 -- at each call, which costs more than running it. So the planner must not see the queues and
 -- the limit, read through "(SELECT ...)": every call then gets the same plan, and the generic
@@ -142,15 +166,17 @@ SELECT todos.*, false AS created
 -- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
 -- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
 WITH ready AS MATERIALIZED (
-    SELECT candidate.id, candidate.priority, candidate.created_at AS claimable_at
+    SELECT candidate.id, candidate.priority, candidate.concurrency_key,
+           candidate.created_at AS claimable_at
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
             SELECT * FROM (
-                SELECT id, priority, created_at
+                SELECT id, priority, concurrency_key, created_at
                   FROM todos
                  WHERE state = 'pending' AND next_retry_at IS NULL
                    AND queue = wanted.queue
                    AND (assignee IS NULL OR assignee = %(owner)s)
+                   AND {{key_free(todos)}} AND {{key_head(todos)}}
                  ORDER BY priority DESC, created_at
                  LIMIT 1000
                    FOR UPDATE SKIP LOCKED
@@ -159,16 +185,18 @@ WITH ready AS MATERIALIZED (
            ) AS candidate
 ),
 due AS MATERIALIZED (
-    SELECT candidate.id, candidate.priority, candidate.next_retry_at AS claimable_at
+    SELECT candidate.id, candidate.priority, candidate.concurrency_key,
+           candidate.next_retry_at AS claimable_at
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
             SELECT * FROM (
-                SELECT id, priority, next_retry_at
+                SELECT id, priority, concurrency_key, next_retry_at
                   FROM todos
                  WHERE state = 'pending' AND next_retry_at IS NOT NULL
                    AND queue = wanted.queue
                    AND next_retry_at <= now()
                    AND (assignee IS NULL OR assignee = %(owner)s)
+                   AND {{key_free(todos)}}
                  ORDER BY next_retry_at
                  LIMIT 1000
                    FOR UPDATE SKIP LOCKED
@@ -178,7 +206,7 @@ due AS MATERIALIZED (
 ),
 lapsed AS MATERIALIZED (
     SELECT * FROM (
-        SELECT id, priority, lease_expires_at AS claimable_at
+        SELECT id, priority, concurrency_key, lease_expires_at AS claimable_at
           FROM todos
          WHERE state = 'claimed'
            AND lease_expires_at <= now()
@@ -193,8 +221,12 @@ lapsed AS MATERIALIZED (
 ),
 picked AS MATERIALIZED (
     SELECT id, priority, claimable_at
-      FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
-           AS claimable
+      FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(concurrency_key, id)
+                                         ORDER BY priority DESC, claimable_at) AS nth
+              FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
+                   AS claimable
+           ) AS first_per_key
+     WHERE nth = 1
      ORDER BY priority DESC, claimable_at
      LIMIT (SELECT %(limit)s::int)
 ),
@@ -216,6 +248,7 @@ UPDATE todos
    AND (assignee IS NULL OR assignee = %(owner)s)
    AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
         OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
+   AND {{key_free(todos)}}
 RETURNING *;
 
 -- name: heartbeat
@@ -391,12 +424,15 @@ RETURNING *;
 
 -- name: classify_miss
 -- Read what a guarded statement saw for each of %(ids)s, to say why it touched no row.
-SELECT id, state, owner, assignee, queue, idempotency_key, attempt, max_attempts,
+SELECT id, state, owner, assignee, queue, idempotency_key, concurrency_key, attempt, max_attempts,
        next_retry_at, next_retry_at > now() AS waiting,
        lease_expires_at, lease_expires_at <= now() AS lease_lapsed,
        (SELECT live.id FROM todos AS live
          WHERE live.queue = todos.queue AND live.idempotency_key = todos.idempotency_key
-           AND live.id <> todos.id AND {{live(live.state)}}) AS live_twin
+           AND live.id <> todos.id AND {{live(live.state)}}) AS live_twin,
+       (SELECT holder.id FROM todos AS holder
+         WHERE holder.concurrency_key = todos.concurrency_key AND holder.state = 'claimed'
+           AND holder.id <> todos.id) AS key_holder
   FROM todos
  WHERE id = ANY (%(ids)s::text[]);
 
