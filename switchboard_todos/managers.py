@@ -24,6 +24,7 @@ from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.listen import BlockingClaim
+from switchboard_todos.marks import marks
 from switchboard_todos.sql import queries
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS
 from switchboard_todos.validation import Seconds
@@ -353,13 +354,26 @@ class TodoManager(models.Manager["Todo"]):
             waiting.close()
 
     def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
-        """Run the claim; one that keeps losing races for concurrency keys claims nothing."""
+        """Run the claim from the queues' low-water marks (marks.py) and move them.
+
+        A claim that keeps losing races for concurrency keys claims nothing.
+        """
+        alias = self._db_alias
+        params = {**params, "marks": marks.for_claim(alias, params["queues"])}
         for _ in range(KEY_RACE_TRIES):
             try:
-                return [todo for todo, _ in self._run("claim_next", params)]
+                rows = self._run("claim_next", params, extra="claimable_at")
             except IntegrityError as error:
                 if not self._lost_key_race(error):
                     raise
+                continue
+            # Ready todos only (claimable since created): a due retry or a lapsed lease says
+            # nothing of where the ready ones begin.
+            marks.claimed(
+                alias,
+                ((todo.queue, todo.created_at) for todo, at in rows if at == todo.created_at),
+            )
+            return [todo for todo, _ in rows]
         return []
 
     def _lost_key_race(self, error: IntegrityError) -> bool:

@@ -19,6 +19,7 @@ from django.db.models import DateTimeField, Func
 from psycopg import sql
 
 from devtools import database
+from switchboard_todos.marks import marks
 from switchboard_todos.models import State, Todo
 
 T = TypeVar("T")
@@ -45,6 +46,12 @@ def pytest_report_header() -> str:
     server = settings.DATABASES["default"]
     given = f"{server['NAME']} at {server['HOST']}:{server['PORT']}, from DATABASE_URL"
     return f"database: {database.chosen() or given}"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_claim_marks() -> None:
+    """Each test's claims start from the head of the index, whatever earlier tests claimed."""
+    marks.forget()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from django.db import connection
 
 import switchboard_todos
 from switchboard_todos import validation
+from switchboard_todos.marks import FROM_HEAD
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import SOURCE, parse, queries, written
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS
@@ -236,7 +237,13 @@ def test_claim_next_is_an_index_scan_per_queue(
     The same holds for the generic plan a prepared claim runs with (cursors.py), which is
     made without knowing the queues or the limit.
     """
-    params = {"queues": queues, "owner": "w1", "ttl": "30s", "limit": 1}
+    params = {
+        "queues": queues,
+        "owner": "w1",
+        "ttl": "30s",
+        "limit": 1,
+        "marks": [FROM_HEAD] * len(queues),
+    }
     plan = explain_generic("claim_next", params) if generic else explain("claim_next", params)
     scans = {(node["Node Type"], node.get("Index Name")) for node in nodes(plan)}
     assert ("Index Scan", "idx_todos_pending") in scans
@@ -262,7 +269,13 @@ def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
     An estimate that grew with the backlog would cross jit_above_cost at some size, and
     PostgreSQL would then JIT-compile the plan at every claim (some 25 ms here).
     """
-    params = {"queues": ["a", "b"], "owner": "w1", "ttl": "30s", "limit": 10}
+    params = {
+        "queues": ["a", "b"],
+        "owner": "w1",
+        "ttl": "30s",
+        "limit": 10,
+        "marks": [FROM_HEAD, FROM_HEAD],
+    }
     before = explain_generic("claim_next", params)["Total Cost"]
     with connection.cursor() as cursor:
         cursor.execute(

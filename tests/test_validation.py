@@ -216,6 +216,11 @@ METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     },
     "claim": {"todo_id": TODO_ID, "owner": st.just("w1"), "ttl": SECONDS},
     "heartbeat": {"todo_id": TODO_ID, "owner": st.just("w1"), "ttl": SECONDS},
+    "heartbeat_many": {
+        "owner": st.just("w1"),
+        "ttl": SECONDS,
+        "todo_ids": st.lists(TODO_ID, min_size=1, max_size=3),
+    },
     "complete": {"todo_id": TODO_ID, "owner": st.just("w1"), "result": JSON},
     "complete_many": {"owner": st.just("w1"), "results": st.dictionaries(TODO_ID, JSON)},
     "fail": {
@@ -234,6 +239,11 @@ METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "dead_letter_many": {
         "todo_ids": st.lists(TODO_ID, min_size=1, max_size=3),
         "reason": st.just("stop"),
+    },
+    "set_priority": {"todo_id": TODO_ID, "priority": st.integers(-100, 100)},
+    "set_priority_many": {
+        "todo_ids": st.lists(TODO_ID, min_size=1, max_size=3),
+        "priority": st.integers(-100, 100),
     },
 }
 #: Event.objects' own methods, held to the same property.

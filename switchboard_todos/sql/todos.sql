@@ -156,7 +156,9 @@ SELECT todos.*, false AS created
 -- fell due and lapsed leases come from their own scans, in the order they became claimable,
 -- up to %(limit)s each; all candidates are then ranked by priority and claimable time. A todo
 -- whose concurrency key another claimed todo holds is passed over, and of candidates sharing a
--- key only the first is taken, so one key is never claimed twice.
+-- key only the first is taken, so one key is never claimed twice. %(marks)s gives, per queue,
+-- the low-water mark where the scan of ready todos starts (year 1: from the head of the index):
+-- see marks.py.
 -- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
 -- at each call, which costs more than running it. So the planner must not see the queues and
 -- the limit, read through "(SELECT ...)": every call then gets the same plan, and the generic
@@ -168,13 +170,15 @@ SELECT todos.*, false AS created
 WITH ready AS MATERIALIZED (
     SELECT candidate.id, candidate.priority, candidate.concurrency_key,
            candidate.created_at AS claimable_at
-      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
+      FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]))
+           AS wanted (queue, mark)
      CROSS JOIN LATERAL (
             SELECT * FROM (
                 SELECT id, priority, concurrency_key, created_at
                   FROM todos
                  WHERE state = 'pending' AND next_retry_at IS NULL
                    AND queue = wanted.queue
+                   AND created_at >= wanted.mark
                    AND (assignee IS NULL OR assignee = %(owner)s)
                    AND {{key_free(todos)}} AND {{key_head(todos)}}
                  ORDER BY priority DESC, created_at
