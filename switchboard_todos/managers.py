@@ -359,7 +359,8 @@ class TodoManager(models.Manager["Todo"]):
         A claim that keeps losing races for concurrency keys claims nothing.
         """
         alias = self._db_alias
-        params = {**params, "marks": marks.for_claim(alias, params["queues"])}
+        queue_marks, full_scan = marks.for_claim(alias, params["queues"])
+        params = {**params, "marks": queue_marks, "full_scan": full_scan}
         for _ in range(KEY_RACE_TRIES):
             try:
                 rows = self._run("claim_next", params, extra="claimable_at")

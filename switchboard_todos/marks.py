@@ -8,12 +8,19 @@ starts its scan at a mark (the `created_at` of the oldest ready todo this proces
 claimed from the queue, less MARK_SLACK) skips them inside the index, without visiting the
 table: measured in docs/operating.md, section 9.
 
-A ready todo can sit behind the mark: one released or created with an old `created_at`, or a
-lower-priority one passed over while higher ones were claimed. So every FULL_SCAN_EVERY
-seconds, a queue's claim scans from the head of the index again: a todo behind the mark waits
-at most that long, never starves. The marks live in this process's memory, per database and
-queue, shared by its threads: a restarted process starts with full scans, which is correct,
-only slower until its first claim.
+The claim's scan for lapsed leases (idx_todos_lease) meets the same dead entries, one per
+claim and heartbeat, at the head of that index: it runs only in full scans, and the reaper
+takes lapsed leases back meanwhile.
+
+A ready todo can sit behind the mark: one requeued or created with an old `created_at`, one
+whose concurrency key was held, or a lower-priority one passed over while higher ones were
+claimed (a released todo is not: release makes it due now, found by the scan of due todos).
+So every FULL_SCAN_EVERY seconds, a claim of this process scans every queue from the head of
+its index, and lapsed leases too: a todo behind the mark waits at most that long (less with
+several worker processes), never starves. The interval keeps full scans to about one claim
+in a hundred for a busy worker, so they do not make the claim's p99. The marks live in this
+process's memory, per database and queue, shared by its threads: a restarted process starts
+with a full scan, which is correct, only slower.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from datetime import UTC, datetime, timedelta
 #: How far below the oldest todo it claimed a queue's mark is set: todos committed a little
 #: out of created_at order (concurrent producers) stay in front of it.
 MARK_SLACK = timedelta(seconds=1)
-#: At most this many seconds between claims of a queue that scan from the head of the index.
-FULL_SCAN_EVERY = 1.0
+#: At most this many seconds between claims of this process that scan from the heads.
+FULL_SCAN_EVERY = 10.0
 #: The mark of a scan from the head. A datetime, never None, so that the claim's parameter
 #: always has one type and its prepared statement stays one (cursors.py).
 FROM_HEAD = datetime.min.replace(tzinfo=UTC)
@@ -40,22 +47,18 @@ class Marks:
         self.clock = clock
         self._lock = threading.Lock()
         self._marks: dict[tuple[str, str], datetime] = {}
-        self._full_scans: dict[tuple[str, str], float] = {}
+        self._full_scans: dict[str, float] = {}
 
-    def for_claim(self, alias: str, queues: Sequence[str]) -> list[datetime]:
-        """Each queue's mark for the next claim; FROM_HEAD where it is time for a full scan."""
+    def for_claim(self, alias: str, queues: Sequence[str]) -> tuple[list[datetime], bool]:
+        """Each queue's mark for the next claim (FROM_HEAD if it has none), and whether the
+        claim is a full scan: every queue from the head, and lapsed leases."""
         now = self.clock()
-        marks: list[datetime] = []
         with self._lock:
-            for queue in queues:
-                key = (alias, queue)
-                mark = self._marks.get(key)
-                last_full_scan = self._full_scans.get(key, now - FULL_SCAN_EVERY)
-                if mark is None or now - last_full_scan >= FULL_SCAN_EVERY:
-                    self._full_scans[key] = now
-                    mark = FROM_HEAD
-                marks.append(mark)
-        return marks
+            full = now - self._full_scans.get(alias, now - FULL_SCAN_EVERY) >= FULL_SCAN_EVERY
+            if full:
+                self._full_scans[alias] = now
+                return [FROM_HEAD] * len(queues), True
+            return [self._marks.get((alias, queue), FROM_HEAD) for queue in queues], False
 
     def claimed(self, alias: str, todos: Iterable[tuple[str, datetime | None]]) -> None:
         """Move each queue's mark to the oldest todo just claimed from it, less MARK_SLACK."""

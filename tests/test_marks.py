@@ -31,24 +31,24 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
     yield controlled
 
 
-def test_a_queue_is_scanned_from_the_head_every_full_scan_interval() -> None:
+def test_a_full_scan_every_interval_and_marks_between() -> None:
     clock = Clock()
     own = Marks(clock)
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    assert own.for_claim("default", ["a", "b"]) == [FROM_HEAD, FROM_HEAD]  # no mark yet
-    own.claimed("default", [("a", at + timedelta(seconds=5)), ("a", at), ("b", at)])
-    assert own.for_claim("default", ["a", "b"]) == [at - MARK_SLACK, at - MARK_SLACK]
+    assert own.for_claim("default", ["a", "b"]) == ([FROM_HEAD, FROM_HEAD], True)  # the first
+    own.claimed("default", [("a", at + timedelta(seconds=5)), ("a", at)])
+    assert own.for_claim("default", ["a", "b"]) == ([at - MARK_SLACK, FROM_HEAD], False)
     clock.now += FULL_SCAN_EVERY
-    assert own.for_claim("default", ["a"]) == [FROM_HEAD]
-    assert own.for_claim("default", ["a", "b"]) == [at - MARK_SLACK, FROM_HEAD]
-    assert own.for_claim("other", ["a"]) == [FROM_HEAD]  # marks are per database
+    assert own.for_claim("default", ["a"]) == ([FROM_HEAD], True)
+    assert own.for_claim("default", ["a"]) == ([at - MARK_SLACK], False)
+    assert own.for_claim("other", ["a"]) == ([FROM_HEAD], True)  # marks are per database
 
 
 @pytest.mark.parametrize(
     "behind",
-    ["enqueued late with an old created_at", "released", "lower priority"],
+    ["enqueued late with an old created_at", "requeued", "lower priority", "lapsed"],
 )
-def test_a_todo_behind_the_mark_is_claimed_within_the_full_scan_interval(
+def test_a_todo_behind_the_mark_is_claimed_by_the_next_full_scan(
     make_todo: MakeTodo, clock: Clock, behind: str
 ) -> None:
     """Claims move the mark past the todo; within FULL_SCAN_EVERY a claim finds it anyway."""
@@ -61,10 +61,23 @@ def test_a_todo_behind_the_mark_is_claimed_within_the_full_scan_interval(
     assert first is not None
     if behind == "enqueued late with an old created_at":
         passed_over = make_todo(created_ago=timedelta(hours=1))
-    elif behind == "released":
-        passed_over = make_todo(created_ago=timedelta(hours=1), state=State.CLAIMED)
-        Todo.objects.release(passed_over.id, "w1")
+    elif behind == "requeued":
+        passed_over = make_todo(created_ago=timedelta(hours=1), state=State.FAILED)
+        Todo.objects.requeue(passed_over.id)
+    elif behind == "lapsed":
+        passed_over = make_todo(state=State.CLAIMED, lease_expires_in=timedelta(seconds=-5))
     assert Todo.objects.claim_next("default", "w1", 30) is None  # behind the mark, for now
     clock.now += FULL_SCAN_EVERY
     found = Todo.objects.claim_next("default", "w1", 30)
     assert found is not None and found.id == passed_over.id
+
+
+def test_a_released_todo_is_claimable_at_once_whatever_the_mark(
+    make_todo: MakeTodo, clock: Clock
+) -> None:
+    make_todo()
+    assert Todo.objects.claim_next("default", "w1", 30) is not None  # sets the mark
+    held = make_todo(created_ago=timedelta(hours=1), state=State.CLAIMED)
+    Todo.objects.release(held.id, "w1")
+    again = Todo.objects.claim_next("default", "w1", 30)
+    assert again is not None and again.id == held.id

@@ -243,6 +243,7 @@ def test_claim_next_is_an_index_scan_per_queue(
         "ttl": "30s",
         "limit": 1,
         "marks": [FROM_HEAD] * len(queues),
+        "full_scan": True,
     }
     plan = explain_generic("claim_next", params) if generic else explain("claim_next", params)
     scans = {(node["Node Type"], node.get("Index Name")) for node in nodes(plan)}
@@ -275,6 +276,7 @@ def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
         "ttl": "30s",
         "limit": 10,
         "marks": [FROM_HEAD, FROM_HEAD],
+        "full_scan": True,
     }
     before = explain_generic("claim_next", params)["Total Cost"]
     with connection.cursor() as cursor:

@@ -157,8 +157,8 @@ SELECT todos.*, false AS created
 -- up to %(limit)s each; all candidates are then ranked by priority and claimable time. A todo
 -- whose concurrency key another claimed todo holds is passed over, and of candidates sharing a
 -- key only the first is taken, so one key is never claimed twice. %(marks)s gives, per queue,
--- the low-water mark where the scan of ready todos starts (year 1: from the head of the index):
--- see marks.py.
+-- the low-water mark where the scan of ready todos starts (year 1: from the head of the index);
+-- lapsed leases are looked for only when %(full_scan)s: see marks.py.
 -- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
 -- at each call, which costs more than running it. So the planner must not see the queues and
 -- the limit, read through "(SELECT ...)": every call then gets the same plan, and the generic
@@ -212,7 +212,7 @@ lapsed AS MATERIALIZED (
     SELECT * FROM (
         SELECT id, priority, concurrency_key, lease_expires_at AS claimable_at
           FROM todos
-         WHERE state = 'claimed'
+         WHERE %(full_scan)s::bool AND state = 'claimed'
            AND lease_expires_at <= now()
            AND attempt < max_attempts
            AND queue = ANY ((SELECT %(queues)s::text[])::text[])
@@ -322,19 +322,21 @@ RETURNING *
 SELECT * FROM failed WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: release
--- Give the lease back without using up an attempt; claimable again after %(delay)s.
+-- Give the lease back without using up an attempt; claimable again after %(delay)s (zero: at
+-- once), as a due todo: behind work already waiting, found by the scan of due todos whatever
+-- the claim's low-water marks.
 WITH released AS (
 UPDATE todos
    SET state = 'pending',
        owner = NULL,
        lease_expires_at = NULL,
        attempt = greatest(attempt - 1, 0),
-       next_retry_at = CASE WHEN %(delay)s::interval > interval '0' THEN now() + %(delay)s::interval END,
+       next_retry_at = now() + %(delay)s::interval,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
 RETURNING *
 ),
-{{notified(released WHERE next_retry_at IS NULL AND %(notify)s)}}
+{{notified(released WHERE next_retry_at <= now() AND %(notify)s)}}
 SELECT * FROM released WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: reap_expired
