@@ -29,6 +29,8 @@ from bench.setup import configure, database_url
 
 QUEUES = ["bench-a", "bench-b"]
 KIND = "bench.noop"
+#: The producer cycles through these priorities, so claims rank across several of them.
+PRIORITIES = (-10, 0, 10)
 #: The producer enqueues one batch per tick.
 TICK = 0.05
 #: With autovacuum off on the server (test servers often have it so), the benchmark vacuums
@@ -88,7 +90,7 @@ def work(stop: Event, results: Any, index: int) -> None:
 
 
 def produce(stop: Event, rate: float) -> None:
-    """Enqueue `rate` todos a second, alternating queues, until `stop`."""
+    """Enqueue `rate` todos a second, alternating queues and priorities, until `stop`."""
     configure(migrate=False)
     from switchboard_todos.models import Todo
 
@@ -97,7 +99,14 @@ def produce(stop: Event, rate: float) -> None:
     count = 0
     while not stop.is_set():
         Todo.objects.create_many(
-            [{"queue": QUEUES[(count + n) % len(QUEUES)], "kind": KIND} for n in range(per_tick)]
+            [
+                {
+                    "queue": QUEUES[(count + n) % len(QUEUES)],
+                    "kind": KIND,
+                    "priority": PRIORITIES[(count + n) // len(QUEUES) % len(PRIORITIES)],
+                }
+                for n in range(per_tick)
+            ]
         )
         count += per_tick
         due += TICK
@@ -242,7 +251,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         row = connection.execute("SELECT current_setting('autovacuum')").fetchone()
     vacuum = "autovacuum" if row and row[0] == "on" else f"VACUUM every {VACUUM_EVERY:g} s"
     print(
-        f"{options.rate:g} todos/s into {len(QUEUES)} queues, {options.workers} worker "
+        f"{options.rate:g} todos/s into {len(QUEUES)} queues at priorities "
+        f"{', '.join(map(str, PRIORITIES))}, {options.workers} worker "
         f"processes, {seconds:.0f} s per run; snapshot from {hold[0]:.0f} s for {hold[1]:.0f} s; "
         f"{vacuum}"
     )
