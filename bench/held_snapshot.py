@@ -29,7 +29,7 @@ from bench.setup import configure, database_url
 
 QUEUES = ["bench-a", "bench-b"]
 KIND = "bench.noop"
-#: The producer cycles through these priorities, so claims rank across several of them.
+#: The producer cycles through these priorities (--priorities), so claims rank across them.
 PRIORITIES = (-10, 0, 10)
 #: The producer enqueues one batch per tick.
 TICK = 0.05
@@ -89,7 +89,7 @@ def work(stop: Event, results: Any, index: int) -> None:
     results.put((index, timings))
 
 
-def produce(stop: Event, rate: float) -> None:
+def produce(stop: Event, rate: float, priorities: tuple[int, ...]) -> None:
     """Enqueue `rate` todos a second, alternating queues and priorities, until `stop`."""
     configure(migrate=False)
     from switchboard_todos.models import Todo
@@ -103,7 +103,7 @@ def produce(stop: Event, rate: float) -> None:
                 {
                     "queue": QUEUES[(count + n) % len(QUEUES)],
                     "kind": KIND,
-                    "priority": PRIORITIES[(count + n) // len(QUEUES) % len(PRIORITIES)],
+                    "priority": priorities[(count + n) // len(QUEUES) % len(priorities)],
                 }
                 for n in range(per_tick)
             ]
@@ -133,7 +133,14 @@ def sizes(connection: psycopg.Connection[Any]) -> tuple[int, int, int]:
 
 
 def run_phase(
-    name: str, *, seconds: float, rate: float, workers: int, window: tuple[float, float], hold: bool
+    name: str,
+    *,
+    seconds: float,
+    rate: float,
+    priorities: tuple[int, ...],
+    workers: int,
+    window: tuple[float, float],
+    hold: bool,
 ) -> Phase:
     """One run; `window` is (start, length) in seconds of the snapshot, held if `hold`."""
     url = database_url()
@@ -143,7 +150,7 @@ def run_phase(
     context = multiprocessing.get_context("spawn")
     stop, results = context.Event(), context.Queue()
     children = [context.Process(target=work, args=(stop, results, n)) for n in range(workers)]
-    children.append(context.Process(target=produce, args=(stop, rate)))
+    children.append(context.Process(target=produce, args=(stop, rate, priorities)))
     for child in children:
         child.start()
     begin = time.time()
@@ -238,13 +245,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=4, help="worker processes")
     parser.add_argument("--hold-from", type=float, default=1.0, help="minute the snapshot begins")
     parser.add_argument("--hold-for", type=float, default=3.0, help="minutes it is held")
+    parser.add_argument(
+        "--priorities",
+        type=lambda text: tuple(int(part) for part in text.split(",")),
+        default=PRIORITIES,
+        help="comma-separated priorities the producer cycles through (default -10,0,10)",
+    )
     parser.add_argument("--smoke", action="store_true", help="a 20-second run of each")
     options = parser.parse_args(argv)
     configure()
     seconds = 20.0 if options.smoke else options.minutes * 60
     scale = seconds / (options.minutes * 60)
     hold = (options.hold_from * 60 * scale, options.hold_for * 60 * scale)
-    common = {"seconds": seconds, "rate": options.rate, "workers": options.workers}
+    common = {
+        "seconds": seconds,
+        "rate": options.rate,
+        "priorities": options.priorities,
+        "workers": options.workers,
+    }
     free = run_phase("no snapshot", window=hold, hold=False, **common)
     held = run_phase("snapshot held", window=hold, hold=True, **common)
     with psycopg.connect(database_url()) as connection:
@@ -252,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     vacuum = "autovacuum" if row and row[0] == "on" else f"VACUUM every {VACUUM_EVERY:g} s"
     print(
         f"{options.rate:g} todos/s into {len(QUEUES)} queues at priorities "
-        f"{', '.join(map(str, PRIORITIES))}, {options.workers} worker "
+        f"{', '.join(map(str, options.priorities))}, {options.workers} worker "
         f"processes, {seconds:.0f} s per run; snapshot from {hold[0]:.0f} s for {hold[1]:.0f} s; "
         f"{vacuum}"
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, models, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.migrations.loader import MigrationLoader
@@ -97,7 +98,24 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors += _number("HORIZON_WARNING_AGE", low=0, high=None, error_id="switchboard_todos.E010")
     errors += _number("DEAD_TUPLES_WARNING", low=0, high=None, error_id="switchboard_todos.E011")
     errors += _database_options()
+    errors += _schedules()
     return errors
+
+
+def _schedules() -> list[checks.Error]:
+    from switchboard_todos import schedules
+
+    try:
+        schedules.declared()
+    except ImproperlyConfigured as error:
+        return [
+            checks.Error(
+                f"SWITCHBOARD_TODOS_SCHEDULES: {error}",
+                hint='For example {"triage": {"cron": "*/15 * * * *", "kind": "triage"}}.',
+                id="switchboard_todos.E041",
+            )
+        ]
+    return []
 
 
 def _database_options() -> list[checks.Error]:

@@ -74,6 +74,11 @@ def get_handler(kind: str) -> Handler | None:
     return _registry.get(kind)
 
 
+def kind_of(function: Handler) -> str | None:
+    """The kind `function` is registered as the handler of, or None."""
+    return next((kind for kind, known in _registry.items() if known is function), None)
+
+
 def get_timeout(kind: str) -> float | None:
     """The `timeout` the handler of `kind` was registered with, or None."""
     return _timeouts.get(kind)

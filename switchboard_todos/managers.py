@@ -232,6 +232,35 @@ class TodoManager(models.Manager["Todo"]):
                 raise InvalidTodo(f"event {min(missing)!r} does not exist.")
         return batch
 
+    def tick_schedule(
+        self,
+        name: str,
+        *,
+        awaited: datetime,
+        tick: datetime,
+        next_run_at: datetime,
+        enqueue: bool = True,
+    ) -> Todo | None:
+        """Take a schedule's tick: advance it from `awaited` to `next_run_at`, and enqueue the
+        todo of `tick` unless `enqueue` is false. Returns the todo, or None when another
+        scheduler took the tick first (or the schedule is paused). Used by schedules.run_due.
+        """
+        from switchboard_todos.models import new_todo_id
+
+        return self._transition(
+            "tick_schedule",
+            {
+                "name": name,
+                "awaited": awaited,
+                "tick": tick,
+                "next_run_at": next_run_at,
+                "enqueue": enqueue,
+                "id": new_todo_id(),
+                "idempotency_key": f"schedule:{name}@{tick.isoformat()}",
+                "notify": conf.LISTEN,
+            },
+        )
+
     def _create(self, params: Mapping[str, Any]) -> tuple[Todo, bool]:
         """Run `create_todo` with validated parameters."""
         # The live twin may commit after this statement's snapshot was taken: then ON CONFLICT

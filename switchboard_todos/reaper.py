@@ -1,12 +1,16 @@
-"""The reaper loop behind `manage.py reap_todos`: sweep lapsed leases, sleep, repeat.
+"""The reaper loop behind `manage.py reap_todos` and `todo_scheduler`: sweep, sleep, repeat.
 
-Each sweep is `Todo.objects.reap_expired()`, one statement that skips rows another session
-holds, so any number of reapers can run at once. Once the first sweep has worked, a database
-that goes away or turns read-only (`faults`) is logged and retried with a capped backoff
-instead of ending the process: a long-running service should outlive a database restart or a
-failover. Its connections get the timeouts of `faults.timeouts`. A database that cannot be
-reached at the first sweep ends the run (`ReaperError`), since that is more often a wrong
-DATABASE_URL than an outage, and systemd's Restart= retries it.
+A sweep takes back lapsed leases with `Todo.objects.reap_expired()`, one statement that skips
+rows another session holds, so any number of reapers can run at once; and, when schedules are
+declared, enqueues the periodic todos that fell due (`schedules.run_due`, whose ticks are
+likewise taken once however many schedulers run). `todo_scheduler` does only the second.
+
+Once the first sweep has worked, a database that goes away or turns read-only (`faults`) is
+logged and retried with a capped backoff instead of ending the process: a long-running service
+should outlive a database restart or a failover. Its connections get the timeouts of
+`faults.timeouts`. A database that cannot be reached at the first sweep ends the run
+(`ReaperError`), since that is more often a wrong DATABASE_URL than an outage, and systemd's
+Restart= retries it.
 """
 
 from __future__ import annotations
@@ -17,9 +21,8 @@ from typing import NamedTuple
 
 from django.db import DatabaseError, close_old_connections, router
 
-from switchboard_todos import faults
+from switchboard_todos import faults, schedules
 from switchboard_todos.backoff import retry_delay
-from switchboard_todos.managers import ReapResult
 from switchboard_todos.models import Todo
 from switchboard_todos.shutdown import Shutdown
 
@@ -33,6 +36,14 @@ class ReaperError(Exception):
     """The first sweep failed; the message is one line, fit for an operator."""
 
 
+class Sweep(NamedTuple):
+    """What one sweep did."""
+
+    requeued: int = 0
+    dead_lettered: int = 0
+    enqueued: int = 0  # periodic todos
+
+
 class ReapTotals(NamedTuple):
     """What a run of the reaper did."""
 
@@ -40,11 +51,18 @@ class ReapTotals(NamedTuple):
     failed_sweeps: int
     requeued: int
     dead_lettered: int
+    enqueued: int = 0
 
 
-def describe(result: ReapResult | ReapTotals) -> str:
-    """Say what was reaped, as "2 requeued, 1 dead-lettered"."""
-    return f"{result.requeued} requeued, {result.dead_lettered} dead-lettered"
+def describe(result: Sweep | ReapTotals, *, reaping: bool = True, scheduling: bool = False) -> str:
+    """Say what was done, as "2 requeued, 1 dead-lettered; 1 scheduled todo enqueued"."""
+    parts = []
+    if reaping:
+        parts.append(f"{result.requeued} requeued, {result.dead_lettered} dead-lettered")
+    if scheduling:
+        noun = "scheduled todo" if result.enqueued == 1 else "scheduled todos"
+        parts.append(f"{result.enqueued} {noun} enqueued")
+    return "; ".join(parts)
 
 
 class Reaper:
@@ -62,24 +80,41 @@ class Reaper:
         max_sweeps: int | None = None,
         report: Callable[[str], None] = lambda line: None,
         report_idle: bool = False,
+        reaping: bool = True,
+        scheduling: bool | None = None,
     ) -> None:
         self.interval = interval
         self.shutdown = shutdown
         self.max_sweeps = max_sweeps
         self.report = report
         self.report_idle = report_idle
+        self.reaping = reaping
+        # Read (and check: ImproperlyConfigured) the declarations before the first sweep; by
+        # default, schedule when any is declared.
+        declared = schedules.declared()
+        self.scheduling = bool(declared) if scheduling is None else scheduling
+        self.label = "Reaped lapsed leases" if reaping else "Scheduled"
+        self.failure = "Reaping failed" if reaping else "Scheduling failed"
 
-    def sweep(self) -> ReapResult:
+    def describe(self, result: Sweep | ReapTotals) -> str:
+        """What `result` says, for the jobs this reaper does."""
+        return describe(result, reaping=self.reaping, scheduling=self.scheduling)
+
+    def sweep(self) -> Sweep:
         """Run one sweep on a fresh or still-healthy connection."""
         close_old_connections()
         try:
-            result = Todo.objects.reap_expired()
+            reaped = Todo.objects.reap_expired() if self.reaping else None
+            enqueued = schedules.run_due().enqueued if self.scheduling else 0
         finally:
             close_old_connections()
-        if result.requeued or result.dead_lettered:
-            logger.info("Reaped lapsed leases: %s.", describe(result))
+        result = Sweep(
+            reaped.requeued if reaped else 0, reaped.dead_lettered if reaped else 0, enqueued
+        )
+        if any(result):
+            logger.info("%s: %s.", self.label, self.describe(result))
         else:
-            logger.debug("Reaped lapsed leases: none.")
+            logger.debug("%s: nothing.", self.label)
         return result
 
     def run(self) -> ReapTotals:
@@ -88,7 +123,7 @@ class Reaper:
             return self._run()
 
     def _run(self) -> ReapTotals:
-        sweeps = failed = failures_in_a_row = requeued = dead_lettered = 0
+        sweeps = failed = failures_in_a_row = requeued = dead_lettered = enqueued = 0
         while not self.shutdown.requested:
             sweeps += 1
             try:
@@ -96,7 +131,7 @@ class Reaper:
             except DatabaseError as error:
                 unavailable = faults.is_outage(error)
                 if sweeps == 1:
-                    what = "Cannot reach the database" if unavailable else "Reaping failed"
+                    what = "Cannot reach the database" if unavailable else self.failure
                     raise ReaperError(f"{what}: {faults.one_line(error)}") from error
                 if not unavailable:
                     raise
@@ -124,10 +159,11 @@ class Reaper:
                 failures_in_a_row = 0
                 requeued += result.requeued
                 dead_lettered += result.dead_lettered
-                if self.report_idle or result.requeued or result.dead_lettered:
-                    self.report(f"Reaped lapsed leases: {describe(result)}.")
+                enqueued += result.enqueued
+                if self.report_idle or any(result):
+                    self.report(f"{self.label}: {self.describe(result)}.")
                 pause = self.interval
             if self.max_sweeps is not None and sweeps >= self.max_sweeps:
                 break
             self.shutdown.wait(pause)
-        return ReapTotals(sweeps, failed, requeued, dead_lettered)
+        return ReapTotals(sweeps, failed, requeued, dead_lettered, enqueued)

@@ -84,6 +84,7 @@ def _took_over_a_lapsed_lease(todo: Todo, extra: Any) -> bool:
 SENT_BY: dict[str, tuple[tuple[Signal, Pick], ...]] = {
     "create_todo": ((todo_created, _created),),
     "create_many": ((todo_created, _created),),
+    "tick_schedule": ((todo_created, _every),),
     "claim_next": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),
     "claim": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),
     "complete": ((todo_completed, _every),),

@@ -169,6 +169,7 @@ TRANSITIONS: dict[str, Transition] = {
     for transition in (
         Transition("create_todo", frozenset()),
         Transition("create_many", frozenset()),
+        Transition("tick_schedule", frozenset()),
         Transition("claim_next", frozenset({State.PENDING, State.CLAIMED})),
         Transition(
             "claim",

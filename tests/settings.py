@@ -23,6 +23,8 @@ if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
 
 # A test's worker child may shorten the connection timeouts (tests/test_worker_process.py).
 SWITCHBOARD_TODOS_DATABASE_OPTIONS = env.json("SWITCHBOARD_TODOS_DATABASE_OPTIONS", default={})
+# Periodic todos for the processes a test starts (the scheduler's systemd unit).
+SWITCHBOARD_TODOS_SCHEDULES = env.json("SWITCHBOARD_TODOS_SCHEDULES", default={})
 
 WEBHOOK_SECRETS = {"github": "github-test-secret", "example": "example-test-secret"}
 WEBHOOK_MAX_BYTES = 64 * 1024

@@ -69,6 +69,8 @@ def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
         ("DEAD_TUPLES_WARNING", "many", "switchboard_todos.E011"),
         ("DATABASE_OPTIONS", "connect_timeout=5", "switchboard_todos.E040"),
         ("DATABASE_OPTIONS", {"statement_timeout": "5 min"}, "switchboard_todos.E040"),
+        ("SCHEDULES", {"x": {"cron": "* * *", "kind": "k"}}, "switchboard_todos.E041"),
+        ("SCHEDULES", {"x": {"cron": "* * * * *"}}, "switchboard_todos.E041"),
     ],
 )
 def test_settings_type_and_range(setting: str, value: Any, error_id: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -29,7 +30,11 @@ needs_systemd_analyze = pytest.mark.skipif(
     reason="systemd-analyze is not installed (it comes with systemd); it verifies the units",
 )
 SERVICES = [name for name in unit_files() if name.endswith(".service")]
-LONG_RUNNING = ["switchboard-reaper.service", "switchboard-worker@.service"]
+LONG_RUNNING = [
+    "switchboard-reaper.service",
+    "switchboard-scheduler.service",
+    "switchboard-worker@.service",
+]
 
 
 def directives(text: str) -> dict[str, list[str]]:
@@ -225,6 +230,32 @@ def test_the_reaper_service_runs_until_sigterm(
         if process.poll() is None:
             process.kill()
         process.communicate(timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_scheduler_service_enqueues_ticks_until_sigterm(units: Path, env_file: Path) -> None:
+    """The scheduler service's command enqueues each tick of a schedule once, every second."""
+    schedule = {"cron": "* * * * * *", "queue": "ticks", "kind": "test.tick"}
+    with env_file.open("a") as file:
+        file.write(f"SWITCHBOARD_TODOS_SCHEDULES={json.dumps({'every-second': schedule})}\n")
+    argv, env = exec_start(units / "switchboard-scheduler.service", env_file)
+    assert argv[2:] == ["todo_scheduler", "--loop", "--interval", "1"]
+    process = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        read_until(process.stdout, "Scheduled: 1 scheduled todo enqueued.")
+        read_until(process.stdout, "Scheduled: 1 scheduled todo enqueued.")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+    todos = Todo.objects.filter(queue="ticks")
+    keys = [todo.idempotency_key for todo in todos]
+    assert len(keys) >= 2 and len(set(keys)) == len(keys)
 
 
 def test_the_worker_template_runs_the_instance_queue(units: Path, env_file: Path) -> None:

@@ -2,8 +2,8 @@
 
 One module per role: `todos` (the list and detail pages), `actions` (the repairs), `health` and
 `chart` (the queue health page), `filters`, `pagination` and `dates` (what keeps the list fast at
-millions of rows), `display` (how stored JSON and histories are shown), `events`, and `agents`
-(the remote agents and their tokens).
+millions of rows), `display` (how stored JSON and histories are shown), `events`, `agents`
+(the remote agents and their tokens) and `schedules` (periodic todos and their pause switch).
 """
 
 from __future__ import annotations
@@ -12,6 +12,14 @@ from switchboard_todos.admin.agents import AgentAdmin
 from switchboard_todos.admin.dates import AdminTodoQuerySet
 from switchboard_todos.admin.events import EventAdmin
 from switchboard_todos.admin.pagination import EstimatedCountPaginator
+from switchboard_todos.admin.schedules import ScheduleAdmin
 from switchboard_todos.admin.todos import TodoAdmin
 
-__all__ = ["AdminTodoQuerySet", "AgentAdmin", "EstimatedCountPaginator", "EventAdmin", "TodoAdmin"]
+__all__ = [
+    "AdminTodoQuerySet",
+    "AgentAdmin",
+    "EstimatedCountPaginator",
+    "EventAdmin",
+    "ScheduleAdmin",
+    "TodoAdmin",
+]

@@ -37,11 +37,20 @@ def pretty_json(value: Any) -> SafeString:
 
 def event_link(event_id: str | None) -> SafeString | str:
     """A link to an event's admin page from its id, without loading the event."""
-    if event_id is None:
+    return _link("event", event_id)
+
+
+def todo_link(todo_id: str | None) -> SafeString | str:
+    """A link to a todo's admin page from its id, without loading the todo."""
+    return _link("todo", todo_id)
+
+
+def _link(model: str, pk: str | None) -> SafeString | str:
+    if pk is None:
         return "—"
     # The admin escapes "_" (and more) in ids in its URLs: "ev_40…" unescaped would be "ev@…".
-    url = reverse("admin:switchboard_todos_event_change", args=[quote(event_id)])
-    return format_html('<a href="{}">{}</a>', url, event_id)
+    url = reverse(f"admin:switchboard_todos_{model}_change", args=[quote(pk)])
+    return format_html('<a href="{}">{}</a>', url, pk)
 
 
 def failure_table(errors: Any) -> SafeString | str:

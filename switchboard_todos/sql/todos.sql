@@ -148,6 +148,33 @@ SELECT todos.*, false AS created
  WHERE {{live(todos.state)}}
    AND batch.id NOT IN (SELECT id FROM inserted);
 
+-- name: tick_schedule
+-- Advance schedule %(name)s from the tick it awaited, %(awaited)s, to %(next_run_at)s, and
+-- enqueue its todo %(id)s for %(tick)s, unless %(enqueue)s is false (a missed tick skipped).
+-- The compare-and-set on next_run_at, in the statement that inserts, lets one scheduler of any
+-- number take each tick; the todo's idempotency key names the schedule and the tick.
+WITH advanced AS (
+    UPDATE todo_schedules
+       SET next_run_at = %(next_run_at)s,
+           last_tick_at = %(tick)s,
+           last_todo_id = CASE WHEN %(enqueue)s THEN %(id)s ELSE last_todo_id END,
+           updated_at = now()
+     WHERE name = %(name)s AND next_run_at = %(awaited)s AND NOT paused
+     RETURNING *
+),
+inserted AS (
+    INSERT INTO todos (id, queue, source, kind, title, payload, idempotency_key, max_attempts,
+                       priority, concurrency_key)
+    SELECT %(id)s, queue, 'schedule', kind, title, payload, %(idempotency_key)s, max_attempts,
+           priority, concurrency_key
+      FROM advanced
+     WHERE %(enqueue)s
+    {{unless_key_held}}
+    RETURNING *
+),
+{{notified(inserted WHERE %(notify)s)}}
+SELECT * FROM inserted WHERE (SELECT count(*) FROM notified) >= 0;
+
 -- name: claim_next
 -- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
 -- priority first, then the longest-claimable. Each queue is its own index scan (in priority,
