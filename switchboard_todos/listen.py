@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -47,8 +47,16 @@ class Doorbell:
     waiter's empty claim and its wait is not missed.
     """
 
-    def __init__(self, queues: Iterable[str], *, capacity: int = 1) -> None:
+    def __init__(
+        self,
+        queues: Iterable[str],
+        *,
+        capacity: int = 1,
+        wants: Callable[[str], bool] | None = None,
+    ) -> None:
         self.queues = frozenset(queues)
+        #: Whether a notification for a queue rings this doorbell (default: one of `queues`).
+        self.wants = wants or self.queues.__contains__
         self._capacity = capacity
         self._rings = 0
         self._condition = threading.Condition()
@@ -275,7 +283,7 @@ class Listener:
 
     def _dispatch(self, queue: str) -> None:
         with self._lock:
-            doorbells = [doorbell for doorbell in self._doorbells if queue in doorbell.queues]
+            doorbells = [doorbell for doorbell in self._doorbells if doorbell.wants(queue)]
         for doorbell in doorbells:
             doorbell.ring()
 

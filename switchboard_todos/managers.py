@@ -25,6 +25,7 @@ from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.listen import BlockingClaim
 from switchboard_todos.marks import marks
+from switchboard_todos.querysets import TodoQuerySet
 from switchboard_todos.sql import queries
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS
 from switchboard_todos.validation import Seconds
@@ -88,7 +89,11 @@ def _async_twin(
     return twin
 
 
-class TodoManager(models.Manager["Todo"]):
+#: The manager's base: Django's, with the queryset's claims (querysets.py) on every queryset.
+_TodoManagerBase = models.Manager.from_queryset(TodoQuerySet)
+
+
+class TodoManager(_TodoManagerBase["Todo"]):
     """`Todo.objects`: the queries Django gives every model, plus the queue's transitions."""
 
     # Creating
@@ -382,6 +387,28 @@ class TodoManager(models.Manager["Todo"]):
         finally:
             waiting.close()
 
+    def claim_filtered(
+        self, queryset: TodoQuerySet, owner: str, ttl: Seconds, limit: int
+    ) -> list[Todo]:
+        """Claim up to `limit` of the todos `queryset` selects, in claim order, in one statement.
+
+        `queryset.claim_batch(owner, ttl, limit)` says the same; see querysets.py.
+        """
+        queryset.check_claimable()
+        params = validation.arguments(owner=owner, ttl=ttl, limit=limit)
+        scans, scan_params = queryset.candidates(params["owner"], params["limit"])
+        params = {**params, **scan_params}
+        statement = queries["claim_filtered"].format_map(scans)
+        for _ in range(KEY_RACE_TRIES):
+            try:
+                return [
+                    todo for todo, _ in self._run("claim_filtered", params, statement=statement)
+                ]
+            except IntegrityError as error:
+                if not self._lost_key_race(error):
+                    raise
+        return []
+
     def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
         """Run the claim from the queues' low-water marks (marks.py) and move them.
 
@@ -632,9 +659,15 @@ class TodoManager(models.Manager["Todo"]):
         return layout
 
     def _run(
-        self, name: str, params: Mapping[str, Any], *, extra: str | None = None
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        *,
+        extra: str | None = None,
+        statement: str | None = None,
     ) -> list[tuple[Todo, Any]]:
-        """Run statement `name`; build a Todo from each row, matching columns by name.
+        """Run statement `name` (or `statement`, composed for this call, under that name);
+        build a Todo from each row, matching columns by name.
 
         `RETURNING *` gives the table's physical column order, which a table shared with the
         Go service does not promise to be the model's, so values are placed by name. `extra`
@@ -643,7 +676,7 @@ class TodoManager(models.Manager["Todo"]):
         alias = self._db_alias
         connection = connections[alias]
         with cursors.cursor(connection) as cursor:
-            cursor.execute(queries[name], params)
+            cursor.execute(queries[name] if statement is None else statement, params)
             rows = cursor.fetchall()
             # Column names straight from the result: `description` builds an object per column.
             result = cursor.pgresult

@@ -87,6 +87,7 @@ SENT_BY: dict[str, tuple[tuple[Signal, Pick], ...]] = {
     "tick_schedule": ((todo_created, _every),),
     "claim_next": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),
     "claim": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),
+    "claim_filtered": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),
     "complete": ((todo_completed, _every),),
     "complete_many": ((todo_completed, _every),),
     "fail": ((todo_failed, _every), (todo_dead_lettered, _dead_letter)),

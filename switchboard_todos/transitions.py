@@ -171,6 +171,7 @@ TRANSITIONS: dict[str, Transition] = {
         Transition("create_many", frozenset()),
         Transition("tick_schedule", frozenset()),
         Transition("claim_next", frozenset({State.PENDING, State.CLAIMED})),
+        Transition("claim_filtered", frozenset({State.PENDING, State.CLAIMED})),
         Transition(
             "claim",
             frozenset({State.PENDING, State.CLAIMED}),

@@ -53,6 +53,7 @@ from switchboard_todos.exceptions import (
 )
 from switchboard_todos.listen import Doorbell, Listener, PollSchedule
 from switchboard_todos.models import State, Todo
+from switchboard_todos.queues import QueueSelection
 from switchboard_todos.shutdown import Shutdown
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,7 @@ class Worker:
         self,
         queues: str | Iterable[str] = "default",
         *,
+        exclude_queues: Iterable[str] = (),
         concurrency: int = 1,
         ttl: float | timedelta = 30.0,
         owner: str | None = None,
@@ -154,7 +156,8 @@ class Worker:
         timeout: float | timedelta | None = None,
         shutdown_timeout: float | timedelta | None = None,
     ) -> None:
-        self.queues = validation.queues(queues)
+        self.selection = QueueSelection(queues, exclude=exclude_queues)
+        self.queues = self.selection.named
         self.owner = validation.owner(owner if owner is not None else default_owner())
         self.ttl = validation.ttl(ttl).total_seconds()
         self.concurrency = validation.whole_number(concurrency, "concurrency", 1, 1000)
@@ -186,7 +189,9 @@ class Worker:
         self.database = router.db_for_write(Todo)
         self.stats = WorkerStats()
         self._prefetch_window = min(PREFETCH_WINDOW, self.ttl / 10)
-        self._doorbell = Doorbell(self.queues, capacity=self.concurrency)
+        self._doorbell = Doorbell(
+            self.queues, capacity=self.concurrency, wants=self.selection.wants
+        )
         self._listener: Listener | None = None
         self._lock = threading.Lock()
         self._reserved = 0
@@ -207,7 +212,7 @@ class Worker:
         logger.info(
             "worker %s: queues %s, concurrency %d, ttl %gs, %s",
             self.owner,
-            ",".join(self.queues),
+            self.selection,
             self.concurrency,
             self.ttl,
             "listening" if self.listen else "polling",
@@ -362,9 +367,7 @@ class Worker:
             return None
         leased_at = time.monotonic()
         try:
-            todos = self._with_reconnect(
-                "claim", Todo.objects.claim_batch, self.queues, self.owner, self.ttl, limit, tries=1
-            )
+            todos = self._with_reconnect("claim", self._claim_batch, limit, tries=1)
         except faults.DatabaseUnavailable as unavailable:
             self._reserve(-limit)
             self._stopping.wait(unavailable.delay)
@@ -380,6 +383,11 @@ class Worker:
             if len(todos) == limit and self.concurrency > 1:
                 self._doorbell.ring()  # there may be more: wake an idle runner
         return todos
+
+    def _claim_batch(self, limit: int) -> list[Todo]:
+        """Claim up to `limit` todos from the queues served now (none yet, with '*': [])."""
+        queues = self.selection.current(self.database)
+        return Todo.objects.claim_batch(queues, self.owner, self.ttl, limit) if queues else []
 
     def _reserve(self, count: int) -> int:
         """Take up to `count` claims from the `max_todos` budget (give back with < 0)."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
-from django.db import connection, transaction
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext, modify_settings, override_settings
 from django.utils import timezone
@@ -193,6 +194,30 @@ def test_async_enqueue_and_get_result() -> None:
     result = async_to_sync(tasks.add.aenqueue)(1, 2)
     fetched = async_to_sync(tasks.add.aget_result)(result.id)
     assert (fetched.id, fetched.status) == (result.id, TaskResultStatus.READY)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_entry_points_work_inside_a_running_event_loop() -> None:
+    """aenqueue, aget_result and arefresh awaited in a running loop (asyncio.run), as an
+    async view or an agent's own loop does, with a worker completing the task in between."""
+
+    async def enqueue_then_fetch() -> tuple[Any, Any]:
+        result = await tasks.add.aenqueue(2, 3)
+        fetched = await task_backends["default"].aget_result(result.id)
+        return result, fetched
+
+    async def refresh(result: Any) -> Any:
+        await result.arefresh()
+        return result
+
+    try:
+        result, fetched = asyncio.run(enqueue_then_fetch())
+        assert (fetched.id, fetched.status) == (result.id, TaskResultStatus.READY)
+        Worker(max_todos=1, listen=False, poll_interval=0.1).run()
+        assert asyncio.run(refresh(result)).return_value == 5
+    finally:
+        # The loop's sync calls ran on asgiref's one thread: close its connection there.
+        asyncio.run(sync_to_async(connections.close_all)())
 
 
 # get_result

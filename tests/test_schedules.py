@@ -120,12 +120,14 @@ def test_a_scheduler_that_read_a_tick_late_cannot_take_it_again(
     """One scheduler read the tick as due, another took it and its todo is already done: the
     compare-and-set refuses the first, though the tick's idempotency key is free again."""
     run_due(now=T0 - timedelta(minutes=1))
-    tick = {"awaited": T0, "tick": T0, "next_run_at": T0 + HOUR}
-    todo = Todo.objects.tick_schedule("hourly-report", **tick)
+    tick = partial(
+        Todo.objects.tick_schedule, "hourly-report", awaited=T0, tick=T0, next_run_at=T0 + HOUR
+    )
+    todo = tick()
     assert todo is not None
     Todo.objects.claim(todo.id, "w", 30)
     Todo.objects.complete(todo.id, "w")
-    assert Todo.objects.tick_schedule("hourly-report", **tick) is None
+    assert tick() is None
     assert len(enqueued()) == 1
 
 

@@ -448,3 +448,57 @@ def test_an_idle_worker_polls_at_its_pace(
     Todo.objects.create_todo(kind="test.noop")
     assert running.join().done == 2
     assert len(claims) < 20, f"{len(claims)} claims"
+
+
+# Which queues
+
+
+def test_every_queue_but_the_excluded(background: Callable[[Worker], Background]) -> None:
+    """--queue '*': every queue with pending work, found without naming it, but the excluded."""
+    Todo.objects.create_many(
+        [{"queue": queue, "kind": "test.noop"} for queue in ("a", "b", "b", "skip-me")]
+    )
+    running = background(Worker("*", exclude_queues=["skip-me"], poll_interval=0.1, max_todos=4))
+    wait_until(lambda: Todo.objects.filter(state=State.DONE).count() == 3, "three done")
+    # A queue born after the worker read the list joins at its notification.
+    Todo.objects.create_todo(queue="born-later", kind="test.noop")
+    assert running.join().done == 4
+    assert Todo.objects.get(queue="skip-me").state == State.PENDING
+    assert Todo.objects.get(queue="born-later").state == State.DONE
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"queues": ["*", "a"]}, "'\\*' already means every queue"),
+        ({"queues": ["a"], "exclude_queues": ["b"]}, "apply to '\\*'"),
+    ],
+)
+def test_bad_queue_selections_are_refused(arguments: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidTodo, match=message):
+        Worker(**arguments)
+
+
+def test_backend_serves_the_queues_of_a_tasks_alias(caplog: pytest.LogCaptureFixture) -> None:
+    """--backend default: the QUEUES of TASKS["default"] ("default" and "other"), no other."""
+    Todo.objects.create_many(
+        [{"queue": queue, "kind": "test.noop"} for queue in ("default", "other", "elsewhere")]
+    )
+    with caplog.at_level(logging.INFO, "switchboard_todos.worker"):
+        call_command("todo_worker", "--backend=default", "--max-todos=2", "--poll-interval=0.1")
+    assert "queues default,other" in caplog.text
+    states = dict(Todo.objects.values_list("queue", "state"))
+    assert states == {"default": State.DONE, "other": State.DONE, "elsewhere": State.PENDING}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--backend=nope"], "--backend nope:"),
+        (["--backend=default", "--queue=a"], "Give --queue or --backend, not both"),
+        (["--queue=a", "--exclude-queue=b"], "--exclude-queue applies to --queue '\\*'"),
+    ],
+)
+def test_the_command_refuses_bad_queue_options(arguments: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("todo_worker", *arguments)

@@ -271,6 +271,42 @@ SELECT claimed.*, picked.claimable_at
   FROM claimed JOIN picked ON picked.id = claimed.id
  ORDER BY picked.priority DESC, picked.claimable_at;
 
+-- name: claim_filtered
+-- Claim the todos an ORM queryset picks (querysets.py). The three placeholders in braces are
+-- its scans of ready todos, due retries and lapsed leases, each a SELECT of id, priority,
+-- concurrency_key and claimable_at, FOR UPDATE SKIP LOCKED, in claim order, carrying the
+-- claimable, assignee and concurrency-key conditions; the update tests the first two again, so
+-- that no queryset can make it claim what is not claimable. All candidates are then ranked by
+-- priority and claimable time; of those sharing a key only the first is taken, and
+-- idx_todos_key_claimed settles a race with another claim (managers.py).
+WITH ready AS MATERIALIZED (
+    {ready}
+),
+due AS MATERIALIZED (
+    {due}
+),
+lapsed AS MATERIALIZED (
+    {lapsed}
+),
+picked AS MATERIALIZED (
+    SELECT id
+      FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(concurrency_key, id)
+                                         ORDER BY priority DESC, claimable_at) AS nth
+              FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
+                   AS claimable
+           ) AS first_per_key
+     WHERE nth = 1
+     ORDER BY priority DESC, claimable_at
+     LIMIT %(limit)s
+)
+UPDATE todos
+   {{set_claimed}}
+ WHERE id = ANY (ARRAY(SELECT id FROM picked))
+   AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
+        OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
+   AND (assignee IS NULL OR assignee = %(owner)s)
+RETURNING *;
+
 -- name: claim
 -- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left.
 UPDATE todos

@@ -8,11 +8,13 @@ import logging
 import sys
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from switchboard_todos import validation
-from switchboard_todos.exceptions import WorkerCrashed
+from switchboard_todos.exceptions import InvalidTodo, WorkerCrashed
 from switchboard_todos.management import cli
+from switchboard_todos.queues import EVERY
 from switchboard_todos.worker import Worker
 
 
@@ -32,8 +34,24 @@ class Command(BaseCommand):
             "--queue",
             action="append",
             dest="queues",
+            type=_queue_or_every,
+            help="A queue to claim from; repeat for several, or '*' for every queue "
+            "(default: 'default').",
+        )
+        parser.add_argument(
+            "--exclude-queue",
+            action="append",
+            dest="exclude_queues",
+            default=[],
             type=cli.queue_name,
-            help="A queue to claim from; repeat for several (default: 'default').",
+            metavar="QUEUE",
+            help="With --queue '*': a queue not to claim from; repeat for several.",
+        )
+        parser.add_argument(
+            "--backend",
+            metavar="ALIAS",
+            help="Serve the queues of this TASKS backend (a TodoBackend): its QUEUES, or every "
+            "queue when QUEUES is empty. Instead of --queue.",
         )
         parser.add_argument(
             "--concurrency",
@@ -109,8 +127,15 @@ class Command(BaseCommand):
                 importlib.import_module(module)
             except ImportError as error:
                 raise CommandError(f"--import-module {module}: {error}") from error
+        try:
+            queues = _queues(options["queues"], options["backend"])
+        except (ImproperlyConfigured, InvalidTodo) as error:
+            raise CommandError(str(error)) from error
+        if options["exclude_queues"] and queues != [EVERY]:
+            raise CommandError("--exclude-queue applies to --queue '*' (every queue) only.")
         worker = Worker(
-            options["queues"] or ["default"],
+            queues,
+            exclude_queues=options["exclude_queues"],
             concurrency=options["concurrency"],
             ttl=options["ttl"],
             owner=options["owner"],
@@ -126,6 +151,31 @@ class Command(BaseCommand):
             worker.run()
         except WorkerCrashed as error:
             raise CommandError(str(error)) from error
+
+
+def _queue_or_every(text: str) -> str:
+    return EVERY if text == EVERY else cli.queue_name(text)
+
+
+def _queues(named: list[str] | None, backend: str | None) -> list[str]:
+    """The queues of --queue, or of --backend's TASKS entry (default: 'default')."""
+    if backend is None:
+        return named or ["default"]
+    if named:
+        raise CommandError("Give --queue or --backend, not both.")
+    from switchboard_todos.backends import TodoBackend
+    from switchboard_todos.compat import task_backends
+
+    try:
+        configured = task_backends[backend]
+    except Exception as error:  # InvalidTaskBackend, whose module differs by Django version
+        raise CommandError(f"--backend {backend}: {error}") from error
+    if not isinstance(configured, TodoBackend):
+        raise CommandError(
+            f"--backend {backend}: {type(configured).__name__} is not a TodoBackend; its tasks "
+            "are not todos."
+        )
+    return sorted(configured.queues) or [EVERY]
 
 
 def _configure_logging(verbosity: int) -> None:
