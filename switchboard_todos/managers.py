@@ -239,7 +239,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
     def tick_schedule(
         self,
-        name: str,
+        schedule: str,
         *,
         awaited: datetime,
         tick: datetime,
@@ -252,16 +252,15 @@ class TodoManager(_TodoManagerBase["Todo"]):
         """
         from switchboard_todos.models import new_todo_id
 
+        params = validation.arguments(
+            schedule=schedule, awaited=awaited, tick=tick, next_run_at=next_run_at, enqueue=enqueue
+        )
         return self._transition(
             "tick_schedule",
             {
-                "name": name,
-                "awaited": awaited,
-                "tick": tick,
-                "next_run_at": next_run_at,
-                "enqueue": enqueue,
+                **params,
                 "id": new_todo_id(),
-                "idempotency_key": f"schedule:{name}@{tick.isoformat()}",
+                "idempotency_key": f"schedule:{params['schedule']}@{params['tick'].isoformat()}",
                 "notify": conf.LISTEN,
             },
         )
@@ -394,9 +393,14 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
         `queryset.claim_batch(owner, ttl, limit)` says the same; see querysets.py.
         """
-        queryset.check_claimable()
+        if not isinstance(queryset, TodoQuerySet):
+            raise InvalidTodo(
+                f"queryset must be a queryset of todos (Todo.objects.filter(...)), not "
+                f"{type(queryset).__name__}."
+            )
+        queryset._check_claimable()
         params = validation.arguments(owner=owner, ttl=ttl, limit=limit)
-        scans, scan_params = queryset.candidates(params["owner"], params["limit"])
+        scans, scan_params = queryset._candidates(params["owner"], params["limit"])
         params = {**params, **scan_params}
         statement = queries["claim_filtered"].format_map(scans)
         for _ in range(KEY_RACE_TRIES):
@@ -746,6 +750,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
     acreate_many = _async_twin(create_many)
     aenqueue_many = _async_twin(enqueue_many)
     aclaim = _async_twin(claim)
+    aclaim_filtered = _async_twin(claim_filtered)
+    atick_schedule = _async_twin(tick_schedule)
     aheartbeat = _async_twin(heartbeat)
     aheartbeat_many = _async_twin(heartbeat_many)
     acomplete = _async_twin(complete)

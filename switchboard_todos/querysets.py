@@ -60,7 +60,7 @@ class TodoQuerySet(models.QuerySet["Todo"]):
 
         return await sync_to_async(self.claim_batch, thread_sensitive=True)(owner, ttl, limit)
 
-    def check_claimable(self) -> None:
+    def _check_claimable(self) -> None:
         """Refuse a queryset whose rows are not todos that one statement can lock and claim."""
         from switchboard_todos.models import Todo
 
@@ -79,7 +79,7 @@ class TodoQuerySet(models.QuerySet["Todo"]):
         if why is not None:
             raise InvalidTodo(f"This queryset cannot be claimed: {why}.")
 
-    def candidates(self, owner: str, limit: int) -> tuple[dict[str, str], dict[str, Any]]:
+    def _candidates(self, owner: str, limit: int) -> tuple[dict[str, str], dict[str, Any]]:
         """The SELECT ... FOR UPDATE SKIP LOCKED of each kind of claimable todo, by the name of
         its place in `claim_filtered` (ready, due, lapsed), and their named parameters.
 

@@ -59,6 +59,10 @@ _NO_SPACE = re.compile(r"\S+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+#: A schedule's name (schedules.py).
+SCHEDULE_NAME_MAX_LENGTH = 200
+
+
 def text(value: object, name: str, max_length: int, *, required: bool = False) -> str:
     """A text column: a str of at most `max_length` characters without NUL bytes."""
     if not isinstance(value, str):
@@ -251,6 +255,20 @@ def run_after(value: object) -> datetime | None:
         raise InvalidTodo(f"run_after must be an aware datetime, not {type(value).__name__}.")
     if timezone.is_naive(value):
         raise InvalidTodo("run_after must be an aware datetime; this one has no tzinfo.")
+    return value
+
+
+def instant(value: object, name: str) -> datetime:
+    """An aware datetime (a schedule's tick)."""
+    if not isinstance(value, datetime) or timezone.is_naive(value):
+        raise InvalidTodo(f"{name} must be an aware datetime, not {type(value).__name__}.")
+    return value
+
+
+def flag(value: object, name: str) -> bool:
+    """True or False, nothing that merely looks like one."""
+    if type(value) is not bool:
+        raise InvalidTodo(f"{name} must be True or False, not {type(value).__name__}.")
     return value
 
 
@@ -464,6 +482,11 @@ ARGUMENTS: dict[str, Callable[[Any], Any]] = {
     "delay": optional(lambda value: delay(value, "delay"), timedelta(0)),
     "reason": reason,
     "priority": priority,
+    "schedule": lambda value: identifier(value, "schedule", SCHEDULE_NAME_MAX_LENGTH),
+    "awaited": lambda value: instant(value, "awaited"),
+    "tick": lambda value: instant(value, "tick"),
+    "next_run_at": lambda value: instant(value, "next_run_at"),
+    "enqueue": lambda value: flag(value, "enqueue"),
 }
 
 

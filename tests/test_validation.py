@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -241,6 +241,20 @@ METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "reason": st.just("stop"),
     },
     "set_priority": {"todo_id": TODO_ID, "priority": st.integers(-100, 100)},
+    "claim_filtered": {
+        "queryset": st.sampled_from([Todo.objects.filter(queue="q"), Todo.objects.all()]),
+        "owner": st.just("w1"),
+        "ttl": SECONDS,
+        "limit": st.integers(1, 3),
+    },
+    # A schedule that is not in the table: a tick is refused or finds nothing to advance.
+    "tick_schedule": {
+        "schedule": st.just("nightly"),
+        "awaited": st.just(datetime(2026, 1, 1, tzinfo=UTC)),
+        "tick": st.just(datetime(2026, 1, 1, tzinfo=UTC)),
+        "next_run_at": st.just(datetime(2026, 1, 2, tzinfo=UTC)),
+        "enqueue": st.booleans(),
+    },
     "set_priority_many": {
         "todo_ids": st.lists(TODO_ID, min_size=1, max_size=3),
         "priority": st.integers(-100, 100),

@@ -149,7 +149,7 @@ SELECT todos.*, false AS created
    AND batch.id NOT IN (SELECT id FROM inserted);
 
 -- name: tick_schedule
--- Advance schedule %(name)s from the tick it awaited, %(awaited)s, to %(next_run_at)s, and
+-- Advance schedule %(schedule)s from the tick it awaited, %(awaited)s, to %(next_run_at)s, and
 -- enqueue its todo %(id)s for %(tick)s, unless %(enqueue)s is false (a missed tick skipped).
 -- The compare-and-set on next_run_at, in the statement that inserts, lets one scheduler of any
 -- number take each tick; the todo's idempotency key names the schedule and the tick.
@@ -159,7 +159,7 @@ WITH advanced AS (
            last_tick_at = %(tick)s,
            last_todo_id = CASE WHEN %(enqueue)s THEN %(id)s ELSE last_todo_id END,
            updated_at = now()
-     WHERE name = %(name)s AND next_run_at = %(awaited)s AND NOT paused
+     WHERE name = %(schedule)s AND next_run_at = %(awaited)s AND NOT paused
      RETURNING *
 ),
 inserted AS (
