@@ -419,8 +419,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         A claim that keeps losing races for concurrency keys claims nothing.
         """
         alias = self._db_alias
-        queue_marks, full_scan = marks.for_claim(alias, params["queues"])
-        params = {**params, "marks": queue_marks, "full_scan": full_scan}
+        params = {**params, **marks.for_claim(alias, params["queues"]).params()}
         for _ in range(KEY_RACE_TRIES):
             try:
                 rows = self._run("claim_next", params, extra="claimable_at")
@@ -432,7 +431,11 @@ class TodoManager(_TodoManagerBase["Todo"]):
             # nothing of where the ready ones begin.
             marks.claimed(
                 alias,
-                ((todo.queue, todo.created_at) for todo, at in rows if at == todo.created_at),
+                (
+                    (todo.queue, todo.priority, todo.created_at)
+                    for todo, at in rows
+                    if at == todo.created_at
+                ),
             )
             return [todo for todo, _ in rows]
         return []

@@ -7,11 +7,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from switchboard_todos.marks import FROM_HEAD, FULL_SCAN_EVERY, MARK_SLACK, Marks, marks
+from switchboard_todos.marks import (
+    BELOW_ALL,
+    FROM_HEAD,
+    FULL_SCAN_EVERY,
+    MARK_SLACK,
+    ClaimMarks,
+    Marks,
+    marks,
+)
 from switchboard_todos.models import State, Todo
 from tests.helpers import MakeTodo
 
 pytestmark = pytest.mark.django_db
+HOUR = timedelta(hours=1)
 
 
 class Clock:
@@ -35,13 +44,52 @@ def test_a_full_scan_every_interval_and_marks_between() -> None:
     clock = Clock()
     own = Marks(clock)
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    assert own.for_claim("default", ["a", "b"]) == ([FROM_HEAD, FROM_HEAD], True)  # the first
-    own.claimed("default", [("a", at + timedelta(seconds=5)), ("a", at)])
-    assert own.for_claim("default", ["a", "b"]) == ([at - MARK_SLACK, FROM_HEAD], False)
+    head = ClaimMarks([FROM_HEAD, FROM_HEAD], [BELOW_ALL] * 2, [BELOW_ALL] * 2, [], [], [], True)
+    assert own.for_claim("default", ["a", "b"]) == head  # the first
+    own.claimed("default", [("a", 0, at + timedelta(seconds=5)), ("a", 0, at), ("a", 7, at + HOUR)])
+    assert own.for_claim("default", ["a", "b"]) == ClaimMarks(
+        marks=[at - MARK_SLACK, FROM_HEAD],
+        tops=[7, BELOW_ALL],
+        bottoms=[0, BELOW_ALL],
+        group_queues=["a", "a"],
+        group_priorities=[7, 0],
+        group_marks=[at + HOUR - MARK_SLACK, at - MARK_SLACK],
+        full_scan=False,
+    )
     clock.now += FULL_SCAN_EVERY
-    assert own.for_claim("default", ["a"]) == ([FROM_HEAD], True)
-    assert own.for_claim("default", ["a"]) == ([at - MARK_SLACK], False)
-    assert own.for_claim("other", ["a"]) == ([FROM_HEAD], True)  # marks are per database
+    assert own.for_claim("default", ["a"]).full_scan
+    assert own.for_claim("default", ["a"]).group_priorities == [7, 0]
+    assert own.for_claim("other", ["a"]).full_scan  # marks are per database
+
+
+def test_a_new_priority_above_or_below_the_known_ones_is_claimed_at_once(
+    make_todo: MakeTodo, clock: Clock
+) -> None:
+    """Priorities this process has no mark for are scanned from the queue's mark, above the
+    highest it knows and below the lowest: a new urgent todo does not wait for a full scan."""
+    make_todo(priority=0)
+    make_todo(priority=0)
+    assert Todo.objects.claim_next("default", "w1", 30) is not None  # full scan: marks 0
+    urgent = make_todo(priority=50)
+    found = Todo.objects.claim_next("default", "w1", 30)
+    assert found is not None and found.id == urgent.id
+    assert Todo.objects.claim_next("default", "w1", 30) is not None  # the second priority 0
+    minor = make_todo(priority=-50)
+    found = Todo.objects.claim_next("default", "w1", 30)
+    assert found is not None and found.id == minor.id
+
+
+def test_a_new_priority_between_known_ones_waits_for_the_full_scan(
+    make_todo: MakeTodo, clock: Clock
+) -> None:
+    make_todo(priority=10)
+    make_todo(priority=-10)
+    assert len(Todo.objects.claim_batch("default", "w1", 30, 2)) == 2  # full scan: marks 10, -10
+    between = make_todo(priority=0)
+    assert Todo.objects.claim_next("default", "w1", 30) is None
+    clock.now += FULL_SCAN_EVERY
+    found = Todo.objects.claim_next("default", "w1", 30)
+    assert found is not None and found.id == between.id
 
 
 @pytest.mark.parametrize(

@@ -183,9 +183,12 @@ SELECT * FROM inserted WHERE (SELECT count(*) FROM notified) >= 0;
 -- fell due and lapsed leases come from their own scans, in the order they became claimable,
 -- up to %(limit)s each; all candidates are then ranked by priority and claimable time. A todo
 -- whose concurrency key another claimed todo holds is passed over, and of candidates sharing a
--- key only the first is taken, so one key is never claimed twice. %(marks)s gives, per queue,
--- the low-water mark where the scan of ready todos starts (year 1: from the head of the index);
--- lapsed leases are looked for only when %(full_scan)s: see marks.py.
+-- key only the first is taken, so one key is never claimed twice. The scan of a queue's ready
+-- todos starts at low-water marks (marks.py): each priority this process has claimed from,
+-- %(group_priorities)s of %(group_queues)s, from its own mark, %(group_marks)s; the priorities
+-- above %(tops)s and below %(bottoms)s from the queue's mark, %(marks)s (year 1: from the head
+-- of the index); in priority order, and only as far as the limit needs. Lapsed leases are
+-- looked for only when %(full_scan)s.
 -- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
 -- at each call, which costs more than running it. So the planner must not see the queues and
 -- the limit, read through "(SELECT ...)": every call then gets the same plan, and the generic
@@ -197,20 +200,55 @@ SELECT * FROM inserted WHERE (SELECT count(*) FROM notified) >= 0;
 WITH ready AS MATERIALIZED (
     SELECT candidate.id, candidate.priority, candidate.concurrency_key,
            candidate.created_at AS claimable_at
-      FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]))
-           AS wanted (queue, mark)
+      FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
+                  (SELECT %(tops)s::int[]), (SELECT %(bottoms)s::int[]))
+           AS wanted (queue, mark, top, bottom)
      CROSS JOIN LATERAL (
             SELECT * FROM (
-                SELECT id, priority, concurrency_key, created_at
-                  FROM todos
-                 WHERE state = 'pending' AND next_retry_at IS NULL
-                   AND queue = wanted.queue
-                   AND created_at >= wanted.mark
-                   AND (assignee IS NULL OR assignee = %(owner)s)
-                   AND {{key_free(todos)}} AND {{key_head(todos)}}
-                 ORDER BY priority DESC, created_at
-                 LIMIT 1000
-                   FOR UPDATE SKIP LOCKED
+                SELECT * FROM (
+                    SELECT id, priority, concurrency_key, created_at
+                      FROM todos
+                     WHERE state = 'pending' AND next_retry_at IS NULL
+                       AND queue = wanted.queue AND priority > wanted.top
+                       AND created_at >= wanted.mark
+                       AND (assignee IS NULL OR assignee = %(owner)s)
+                       AND {{key_free(todos)}} AND {{key_head(todos)}}
+                     ORDER BY priority DESC, created_at
+                     LIMIT 1000
+                       FOR UPDATE SKIP LOCKED
+                ) AS above
+                UNION ALL
+                SELECT known.*
+                   FROM unnest((SELECT %(group_queues)s::text[]),
+                               (SELECT %(group_priorities)s::int[]),
+                               (SELECT %(group_marks)s::timestamptz[]))
+                        AS grp (queue, priority, mark)
+                  CROSS JOIN LATERAL (
+                         SELECT id, priority, concurrency_key, created_at
+                           FROM todos
+                          WHERE state = 'pending' AND next_retry_at IS NULL
+                            AND queue = grp.queue AND priority = grp.priority
+                            AND created_at >= grp.mark
+                            AND (assignee IS NULL OR assignee = %(owner)s)
+                            AND {{key_free(todos)}} AND {{key_head(todos)}}
+                          ORDER BY priority DESC, created_at
+                          LIMIT 1000
+                            FOR UPDATE SKIP LOCKED
+                        ) AS known
+                  WHERE grp.queue = wanted.queue
+                UNION ALL
+                SELECT * FROM (
+                    SELECT id, priority, concurrency_key, created_at
+                      FROM todos
+                     WHERE state = 'pending' AND next_retry_at IS NULL
+                       AND queue = wanted.queue AND priority < wanted.bottom
+                       AND created_at >= wanted.mark
+                       AND (assignee IS NULL OR assignee = %(owner)s)
+                       AND {{key_free(todos)}} AND {{key_head(todos)}}
+                     ORDER BY priority DESC, created_at
+                     LIMIT 1000
+                       FOR UPDATE SKIP LOCKED
+                ) AS below
             ) AS locked
             LIMIT (SELECT %(limit)s::int)
            ) AS candidate
