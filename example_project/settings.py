@@ -94,6 +94,12 @@ SWITCHBOARD_TODOS_BACKOFF_JITTER = env.float(
     "SWITCHBOARD_TODOS_BACKOFF_JITTER", default=DEFAULTS["BACKOFF_JITTER"]
 )
 
+# A periodic todo (docs/schedules.md): the reaper enqueues it once a minute; the handler in
+# todo_handlers.py counts the todos in each state.
+SWITCHBOARD_TODOS_SCHEDULES = {
+    "todo-census": {"cron": "* * * * *", "kind": "example.minutely", "title": "Todo census"},
+}
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

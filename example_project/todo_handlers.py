@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from switchboard_todos.handlers import handler
-from switchboard_todos.models import Todo
+from switchboard_todos.models import State, Todo
 
 logger = logging.getLogger(__name__)
 
@@ -108,3 +108,9 @@ def slow(todo: Todo) -> dict[str, Any]:
     seconds = min(float(todo.payload.get("seconds", 1.0)), SLOW_MAX_SECONDS)
     time.sleep(seconds)
     return {"slept": seconds, "attempt": todo.attempt}
+
+
+@handler("example.minutely")
+def count_by_state(todo: Todo) -> dict[str, int]:
+    """A periodic todo (settings.SWITCHBOARD_TODOS_SCHEDULES): how many todos are in each state."""
+    return {state: Todo.objects.filter(state=state).count() for state in State.values}

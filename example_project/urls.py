@@ -14,5 +14,6 @@ urlpatterns = [
     path("metrics", metrics.view, name="metrics"),
     # The remote agents' HTTP API (docs/agents.md).
     path("api/", include("switchboard_todos.api.urls")),
+    path("sqs/", include("switchboard_todos.sqs.urls")),
     *webhook_patterns,
 ]

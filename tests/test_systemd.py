@@ -210,6 +210,23 @@ def test_oneshot_units_run_their_command(
     assert result.stdout.startswith(expected)
 
 
+def run_until_sigterm(argv: list[str], env: dict[str, str], *lines: str) -> int:
+    """Start a service's command, read until each of `lines` in turn, send SIGTERM; its status."""
+    process = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        for line in lines:
+            read_until(process.stdout, line)
+        process.send_signal(signal.SIGTERM)
+        return process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_reaper_service_runs_until_sigterm(
     units: Path, env_file: Path, make_todo: Callable[..., Todo]
@@ -218,18 +235,7 @@ def test_the_reaper_service_runs_until_sigterm(
     make_todo(state=State.CLAIMED, lease_expires_in=timedelta(seconds=-5))
     argv, env = exec_start(units / "switchboard-reaper.service", env_file)
     assert argv[2:] == ["reap_todos", "--loop", "--interval", "10"]
-    process = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        read_until(process.stdout, "Reaped lapsed leases: 1 requeued")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate(timeout=30)
+    assert run_until_sigterm(argv, env, "Reaped lapsed leases: 1 requeued") == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -240,19 +246,8 @@ def test_the_scheduler_service_enqueues_ticks_until_sigterm(units: Path, env_fil
         file.write(f"SWITCHBOARD_TODOS_SCHEDULES={json.dumps({'every-second': schedule})}\n")
     argv, env = exec_start(units / "switchboard-scheduler.service", env_file)
     assert argv[2:] == ["todo_scheduler", "--loop", "--interval", "1"]
-    process = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        read_until(process.stdout, "Scheduled: 1 scheduled todo enqueued.")
-        read_until(process.stdout, "Scheduled: 1 scheduled todo enqueued.")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate(timeout=30)
+    enqueued = "Scheduled: 1 scheduled todo enqueued."
+    assert run_until_sigterm(argv, env, enqueued, enqueued) == 0
     todos = Todo.objects.filter(queue="ticks")
     keys = [todo.idempotency_key for todo in todos]
     assert len(keys) >= 2 and len(set(keys)) == len(keys)

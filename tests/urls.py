@@ -8,5 +8,6 @@ from example_project.urls import webhook_patterns
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("switchboard_todos.api.urls")),
+    path("sqs/", include("switchboard_todos.sqs.urls")),
     *webhook_patterns,
 ]

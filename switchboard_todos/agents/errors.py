@@ -30,6 +30,8 @@ class ErrorKind(NamedTuple):
     title: str
     advice: str
     """What an agent should do about it: the MCP tools' descriptions repeat this."""
+    sqs: str = "InvalidParameterValue"
+    """The error code the SQS endpoint answers with (sqs/views.py)."""
 
     @property
     def type(self) -> str:
@@ -38,13 +40,25 @@ class ErrorKind(NamedTuple):
 
 
 NOT_AUTHENTICATED = ErrorKind(
-    401, "not-authenticated", "Not authenticated", "Stop: the token is missing, unknown or revoked."
+    401,
+    "not-authenticated",
+    "Not authenticated",
+    "Stop: the token is missing, unknown or revoked.",
+    "InvalidClientTokenId",
 )
 QUEUE_NOT_GRANTED = ErrorKind(
-    403, "queue-not-granted", "Queue not granted", "Use only the queues this agent was granted."
+    403,
+    "queue-not-granted",
+    "Queue not granted",
+    "Use only the queues this agent was granted.",
+    "AccessDenied",
 )
 TODO_NOT_FOUND = ErrorKind(
-    404, "todo-not-found", "Todo not found", "Forget this id: no todo of yours has it."
+    404,
+    "todo-not-found",
+    "Todo not found",
+    "Forget this id: no todo of yours has it.",
+    "ReceiptHandleIsInvalid",
 )
 TODO_CONFLICT = ErrorKind(
     409,
@@ -52,6 +66,7 @@ TODO_CONFLICT = ErrorKind(
     "Conflict",
     "The todo is not in a state that allows this, or not held by you (the lease was lost): "
     "stop working on it, do not complete it.",
+    "ReceiptHandleIsInvalid",
 )
 INVALID_INPUT = ErrorKind(
     422, "invalid-input", "Invalid input", "Fix the arguments as the detail says; nothing changed."
@@ -63,8 +78,12 @@ BODY_TOO_LARGE = ErrorKind(
 #: HTTP only: a path the API does not have.
 ROUTE_NOT_FOUND = ErrorKind(404, "route-not-found", "No such route", "Check the method and path.")
 #: Faults of the server, not of the agent (HTTP only; logged, never with a traceback).
-UNAVAILABLE = ErrorKind(503, "unavailable", "Service unavailable", "Retry after a pause.")
-SERVER_ERROR = ErrorKind(500, "server-error", "Internal error", "Retry after a pause.")
+UNAVAILABLE = ErrorKind(
+    503, "unavailable", "Service unavailable", "Retry after a pause.", "ServiceUnavailable"
+)
+SERVER_ERROR = ErrorKind(
+    500, "server-error", "Internal error", "Retry after a pause.", "InternalFailure"
+)
 
 #: Exception class -> kind; a subclass takes its nearest listed base's kind.
 TABLE: dict[type[TodoError], ErrorKind] = {

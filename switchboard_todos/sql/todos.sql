@@ -49,6 +49,23 @@ $state <> 'done' AND $state <> 'failed'
         AND (-earlier.priority, earlier.created_at, earlier.id)
             < (-$todo.priority, $todo.created_at, $todo.id)))
 
+-- fragment: ready_scan(queue, priorities, mark)
+-- The claim's scan of the ready todos of `queue` at the `priorities` (a condition on the
+-- column), from `mark` on: in claim order, each locked as it is read, under the constant
+-- limit explained at claim_next. With a fixed priority, the B-tree seeks to the mark.
+SELECT * FROM (
+    SELECT id, priority, concurrency_key, created_at
+      FROM todos
+     WHERE state = 'pending' AND next_retry_at IS NULL
+       AND queue = $queue AND $priorities
+       AND created_at >= $mark
+       AND (assignee IS NULL OR assignee = %(owner)s)
+       AND {{key_free(todos)}} AND {{key_head(todos)}}
+     ORDER BY priority DESC, created_at
+     LIMIT 1000
+       FOR UPDATE SKIP LOCKED
+) AS scan
+
 -- fragment: unless_key_held
 -- An insert skips a todo whose (queue, idempotency_key) a live todo holds (idx_todos_dedupe).
 ON CONFLICT (queue, idempotency_key)
@@ -205,50 +222,19 @@ WITH ready AS MATERIALIZED (
            AS wanted (queue, mark, top, bottom)
      CROSS JOIN LATERAL (
             SELECT * FROM (
-                SELECT * FROM (
-                    SELECT id, priority, concurrency_key, created_at
-                      FROM todos
-                     WHERE state = 'pending' AND next_retry_at IS NULL
-                       AND queue = wanted.queue AND priority > wanted.top
-                       AND created_at >= wanted.mark
-                       AND (assignee IS NULL OR assignee = %(owner)s)
-                       AND {{key_free(todos)}} AND {{key_head(todos)}}
-                     ORDER BY priority DESC, created_at
-                     LIMIT 1000
-                       FOR UPDATE SKIP LOCKED
-                ) AS above
+                {{ready_scan(wanted.queue, priority > wanted.top, wanted.mark)}}
                 UNION ALL
                 SELECT known.*
-                   FROM unnest((SELECT %(group_queues)s::text[]),
-                               (SELECT %(group_priorities)s::int[]),
-                               (SELECT %(group_marks)s::timestamptz[]))
-                        AS grp (queue, priority, mark)
-                  CROSS JOIN LATERAL (
-                         SELECT id, priority, concurrency_key, created_at
-                           FROM todos
-                          WHERE state = 'pending' AND next_retry_at IS NULL
-                            AND queue = grp.queue AND priority = grp.priority
-                            AND created_at >= grp.mark
-                            AND (assignee IS NULL OR assignee = %(owner)s)
-                            AND {{key_free(todos)}} AND {{key_head(todos)}}
-                          ORDER BY priority DESC, created_at
-                          LIMIT 1000
-                            FOR UPDATE SKIP LOCKED
-                        ) AS known
-                  WHERE grp.queue = wanted.queue
+                  FROM unnest((SELECT %(group_queues)s::text[]),
+                              (SELECT %(group_priorities)s::int[]),
+                              (SELECT %(group_marks)s::timestamptz[]))
+                       AS grp (queue, priority, mark)
+                 CROSS JOIN LATERAL (
+                        {{ready_scan(grp.queue, priority = grp.priority, grp.mark)}}
+                       ) AS known
+                 WHERE grp.queue = wanted.queue
                 UNION ALL
-                SELECT * FROM (
-                    SELECT id, priority, concurrency_key, created_at
-                      FROM todos
-                     WHERE state = 'pending' AND next_retry_at IS NULL
-                       AND queue = wanted.queue AND priority < wanted.bottom
-                       AND created_at >= wanted.mark
-                       AND (assignee IS NULL OR assignee = %(owner)s)
-                       AND {{key_free(todos)}} AND {{key_head(todos)}}
-                     ORDER BY priority DESC, created_at
-                     LIMIT 1000
-                       FOR UPDATE SKIP LOCKED
-                ) AS below
+                {{ready_scan(wanted.queue, priority < wanted.bottom, wanted.mark)}}
             ) AS locked
             LIMIT (SELECT %(limit)s::int)
            ) AS candidate

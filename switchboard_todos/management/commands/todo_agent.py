@@ -19,7 +19,8 @@ class Command(OperatorCommand):
         "Manage the remote agents that work the queues over HTTP or MCP. `create` and `rotate` "
         "print the new token alone on the last line: it is shown only this once (only its hash "
         "is stored). `revoke` refuses the agent's token from now on; `rotate` gives a new one "
-        "and makes a revoked agent active again."
+        "and makes a revoked agent active again. `sqs-credentials` prints the agent's SQS "
+        "access key and secret as two shell lines (docs/sqs.md); rotating the token rotates them."
     )
 
     examples = [
@@ -28,6 +29,7 @@ class Command(OperatorCommand):
         "manage.py todo_agent rotate triage-bot",
         "manage.py todo_agent revoke triage-bot",
         "manage.py todo_agent list",
+        "manage.py todo_agent sqs-credentials triage-bot",
     ]
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -47,7 +49,11 @@ class Command(OperatorCommand):
                 metavar="QUEUE",
                 help=f"A queue it may {what}; repeat for several.",
             )
-        for action, what in (("rotate", "Print a new token"), ("revoke", "Revoke the token")):
+        for action, what in (
+            ("rotate", "Print a new token"),
+            ("revoke", "Revoke the token"),
+            ("sqs-credentials", "Print the SQS credentials"),
+        ):
             actions.add_parser(action, help=f"{what} of an agent.").add_argument("name")
         actions.add_parser("list", help="List the agents.")
 
@@ -68,6 +74,12 @@ class Command(OperatorCommand):
             self._show_token(f"Created agent {agent.name!r}: {_grants(agent)}.", token)
             return
         agent = self._agent(options["name"])
+        if action == "sqs-credentials":
+            from switchboard_todos.sqs.signing import secret_for
+
+            self.stdout.write(f"AWS_ACCESS_KEY_ID={agent.name}")
+            self.stdout.write(f"AWS_SECRET_ACCESS_KEY={secret_for(agent)}")
+            return
         if action == "rotate":
             token = accounts.rotate_token(agent)
             self._show_token(

@@ -1,0 +1,462 @@
+"""The SQS endpoint: the AWS JSON 1.0 protocol over the agents' service layer.
+
+`POST <base>/sqs/` with `X-Amz-Target: AmazonSQS.<Action>` and a JSON body, signed with SigV4
+(signing.py); queue URLs are `<base>/sqs/<queue>`. Each action authenticates the agent, calls
+agents/service.py (which checks the grants), and answers SQS's JSON; errors come from the one
+error table (agents/errors.py) in SQS's shape, with the `x-amzn-query-error` header botocore
+reads the legacy error codes from. The long poll of ReceiveMessage waits on the LISTEN path
+without holding a thread under ASGI.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, transaction
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from switchboard_todos import faults, validation
+from switchboard_todos.agents import errors, service
+from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
+from switchboard_todos.models import Agent, State, Todo
+from switchboard_todos.sqs import messages, signing
+
+logger = logging.getLogger("switchboard_todos.sqs")
+
+CONTENT_TYPE = "application/x-amz-json-1.0"
+#: Most bytes a request body may have (SQS: a 256 KiB message, and a batch of ten).
+MAX_BODY = 1024 * 1024
+#: The visibility timeout of a receive that gives none, as SQS's default.
+DEFAULT_VISIBILITY = 30
+#: Most entries in a batch, as SQS.
+MAX_BATCH = 10
+#: The legacy (query protocol) code of each error, as SQS sends it in x-amzn-query-error.
+LEGACY_CODES = {
+    "QueueDoesNotExist": "AWS.SimpleQueueService.NonExistentQueue",
+    "UnsupportedOperation": "AWS.SimpleQueueService.UnsupportedOperation",
+    "TooManyEntriesInBatchRequest": "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+    "EmptyBatchRequest": "AWS.SimpleQueueService.EmptyBatchRequest",
+    "BatchEntryIdsNotDistinct": "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+}
+#: HTTP status of the errors that are not the caller's input.
+STATUS = {
+    "InvalidClientTokenId": 403,
+    "SignatureDoesNotMatch": 403,
+    "IncompleteSignature": 403,
+    "MissingAuthenticationToken": 403,
+    "AccessDenied": 403,
+    "ServiceUnavailable": 503,
+    "InternalFailure": 500,
+}
+
+
+class SQSError(Exception):
+    """An SQS error answer: its code and message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+Action = Callable[[Agent, dict[str, Any], HttpRequest], Awaitable[dict[str, Any]]]
+
+
+@csrf_exempt
+async def endpoint(request: HttpRequest, queue: str | None = None) -> HttpResponse:
+    """Every action, at the endpoint URL and at each queue URL."""
+    try:
+        action = _action(request)
+        body = request.body
+        if len(body) > MAX_BODY:
+            raise SQSError("InvalidParameterValue", f"The request body exceeds {MAX_BODY} bytes.")
+        agent = await sync_to_async(signing.verify)(
+            method=request.method or "POST",
+            url=request.build_absolute_uri(),
+            headers=dict(request.headers),
+            body=body,
+        )
+        params = _params(body)
+        return _answer(200, await action(agent, params, request))
+    except signing.SigningError as error:
+        return _error(error.code, str(error))
+    except SQSError as error:
+        return _error(error.code, str(error))
+    except TodoError as error:
+        return _error(errors.kind_of(error).sqs, str(error))
+    except DatabaseError as error:
+        if faults.is_outage(error):
+            return _error("ServiceUnavailable", "The database is unavailable; retry later.")
+        logger.exception("SQS %s failed", request.headers.get("X-Amz-Target"))
+        return _error("InternalFailure", "The request failed on the server.")
+
+
+def _action(request: HttpRequest) -> Action:
+    target = request.headers.get("X-Amz-Target", "")
+    if request.method != "POST" or not target.startswith("AmazonSQS."):
+        raise SQSError(
+            "InvalidAction", "Send POST with X-Amz-Target: AmazonSQS.<Action> (AWS JSON 1.0)."
+        )
+    name = target.removeprefix("AmazonSQS.")
+    action = ACTIONS.get(name)
+    if action is None:
+        raise SQSError(
+            "UnsupportedOperation",
+            f"{name} is not supported here; supported: {', '.join(sorted(ACTIONS))}.",
+        )
+    return action
+
+
+def _params(body: bytes) -> dict[str, Any]:
+    try:
+        params = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise SQSError("InvalidParameterValue", "The request body is not JSON.") from None
+    if not isinstance(params, dict):
+        raise SQSError("InvalidParameterValue", "The request body must be a JSON object.")
+    return params
+
+
+def _answer(status: int, content: dict[str, Any]) -> HttpResponse:
+    return HttpResponse(json.dumps(content), status=status, content_type=CONTENT_TYPE)
+
+
+def _error(code: str, message: str) -> HttpResponse:
+    status = STATUS.get(code, 400)
+    response = _answer(status, {"__type": f"com.amazonaws.sqs#{code}", "message": message})
+    fault = "Receiver" if status >= 500 else "Sender"
+    response["x-amzn-query-error"] = f"{LEGACY_CODES.get(code, code)};{fault}"
+    return response
+
+
+# Queues
+
+
+def queue_url(request: HttpRequest, queue: str) -> str:
+    base = request.build_absolute_uri(request.path).split("/sqs/", 1)[0]
+    return f"{base}/sqs/{queue}"
+
+
+def _queue(params: dict[str, Any], *, name_field: str = "QueueUrl") -> str:
+    """The queue a QueueUrl (or QueueName) names."""
+    value = params.get(name_field)
+    if not isinstance(value, str) or not value:
+        raise SQSError("MissingParameter", f"The request must contain the parameter {name_field}.")
+    name = value.rstrip("/").rsplit("/", 1)[-1] if name_field == "QueueUrl" else value
+    try:
+        return validation.queue(name)
+    except InvalidTodo:
+        raise SQSError(
+            "QueueDoesNotExist", f"The specified queue {name!r} does not exist."
+        ) from None
+
+
+def _granted(agent: Agent) -> list[str]:
+    return sorted(set(agent.claim_queues) | set(agent.create_queues))
+
+
+def _check_granted(agent: Agent, queue: str, grant: list[str]) -> None:
+    if queue not in grant:
+        raise QueueNotGranted(f"Agent {agent.name!r} is not granted queue {queue!r} for this.")
+
+
+async def get_queue_url(
+    agent: Agent, params: dict[str, Any], request: HttpRequest
+) -> dict[str, Any]:
+    queue = _queue(params, name_field="QueueName")
+    _check_granted(agent, queue, _granted(agent))
+    return {"QueueUrl": queue_url(request, queue)}
+
+
+async def list_queues(agent: Agent, params: dict[str, Any], request: HttpRequest) -> dict[str, Any]:
+    prefix = params.get("QueueNamePrefix") or ""
+    if not isinstance(prefix, str):
+        raise SQSError("InvalidParameterValue", "QueueNamePrefix must be a string.")
+    names = [name for name in _granted(agent) if name.startswith(prefix)]
+    return {"QueueUrls": [queue_url(request, name) for name in names]}
+
+
+async def get_queue_attributes(
+    agent: Agent, params: dict[str, Any], request: HttpRequest
+) -> dict[str, Any]:
+    queue = _queue(params)
+    _check_granted(agent, queue, _granted(agent))
+    wanted = params.get("AttributeNames") or ["All"]
+    counts = await sync_to_async(_counts)(queue)
+    attributes = {
+        "ApproximateNumberOfMessages": str(counts["ready"]),
+        "ApproximateNumberOfMessagesNotVisible": str(counts["claimed"]),
+        "ApproximateNumberOfMessagesDelayed": str(counts["delayed"]),
+        "VisibilityTimeout": str(DEFAULT_VISIBILITY),
+        "RedrivePolicy": json.dumps({"maxReceiveCount": 5, "deadLetterTargetArn": "failed"}),
+    }
+    if "All" not in wanted:
+        attributes = {name: value for name, value in attributes.items() if name in wanted}
+    return {"Attributes": attributes}
+
+
+def _counts(queue: str) -> dict[str, int]:
+    now = timezone.now()
+    todos = Todo.objects.filter(queue=queue)
+    return {
+        "ready": todos.filter(state=State.PENDING).exclude(next_retry_at__gt=now).count(),
+        "claimed": todos.filter(state=State.CLAIMED).count(),
+        "delayed": todos.filter(state=State.PENDING, next_retry_at__gt=now).count(),
+    }
+
+
+# Sending
+
+
+async def send_message(
+    agent: Agent, params: dict[str, Any], request: HttpRequest
+) -> dict[str, Any]:
+    queue = _queue(params)
+    return await sync_to_async(_send)(agent, queue, params)
+
+
+def _send(agent: Agent, queue: str, entry: dict[str, Any]) -> dict[str, Any]:
+    body = entry.get("MessageBody")
+    if not isinstance(body, str) or not body:
+        raise SQSError("MissingParameter", "The request must contain the parameter MessageBody.")
+    attributes = entry.get("MessageAttributes") or {}
+    if not isinstance(attributes, dict) or not all(
+        isinstance(value, dict) and "DataType" in value for value in attributes.values()
+    ):
+        raise SQSError("InvalidParameterValue", "MessageAttributes must map names to values.")
+    delay = entry.get("DelaySeconds", 0)
+    if type(delay) is not int or not 0 <= delay <= 900:
+        raise SQSError("InvalidParameterValue", "DelaySeconds must be from 0 to 900.")
+    dedup = entry.get("MessageDeduplicationId")
+    todo, _created = service.create_for(
+        agent,
+        queue=queue,
+        kind=messages.KIND,
+        payload={"body": body, "attributes": attributes},
+        idempotency_key=dedup,
+        run_after=timezone.now() + timedelta(seconds=delay) if delay else None,
+    )
+    answer = {"MessageId": todo.id, "MD5OfMessageBody": messages.md5_of_body(body)}
+    if attributes:
+        answer["MD5OfMessageAttributes"] = messages.md5_of_attributes(attributes)
+    return answer
+
+
+async def send_message_batch(
+    agent: Agent, params: dict[str, Any], request: HttpRequest
+) -> dict[str, Any]:
+    queue = _queue(params)
+    entries = _entries(params)
+
+    def send_each() -> dict[str, Any]:
+        successful, failed = [], []
+        for entry in entries:
+            try:
+                successful.append({"Id": entry["Id"], **_send(agent, queue, entry)})
+            except (SQSError, TodoError) as error:
+                failed.append(_failure(entry["Id"], error))
+        return {"Successful": successful, "Failed": failed}
+
+    return await sync_to_async(send_each)()
+
+
+def _entries(params: dict[str, Any]) -> list[dict[str, Any]]:
+    entries = params.get("Entries")
+    if not isinstance(entries, list) or not entries:
+        raise SQSError("EmptyBatchRequest", "There should be at least one entry in the request.")
+    if len(entries) > MAX_BATCH:
+        raise SQSError(
+            "TooManyEntriesInBatchRequest",
+            f"Maximum number of entries per request are {MAX_BATCH}.",
+        )
+    if not all(isinstance(entry, dict) and isinstance(entry.get("Id"), str) for entry in entries):
+        raise SQSError("InvalidBatchEntryId", "Each entry needs an Id.")
+    if len({entry["Id"] for entry in entries}) != len(entries):
+        raise SQSError("BatchEntryIdsNotDistinct", "Two or more batch entries have the same Id.")
+    return entries
+
+
+def _failure(entry_id: str, error: Exception) -> dict[str, Any]:
+    code = error.code if isinstance(error, SQSError) else errors.kind_of(error).sqs  # type: ignore[arg-type]
+    return {"Id": entry_id, "SenderFault": True, "Code": code, "Message": str(error)}
+
+
+# Receiving
+
+
+async def receive_message(
+    agent: Agent, params: dict[str, Any], request: HttpRequest
+) -> dict[str, Any]:
+    queue = _queue(params)
+    limit = _number(params, "MaxNumberOfMessages", 1, 1, MAX_BATCH)
+    visibility = _number(params, "VisibilityTimeout", DEFAULT_VISIBILITY, 0, 43200)
+    wait = _number(params, "WaitTimeSeconds", 0, 0, service.MAX_WAIT)
+    todos = await service.aclaim(
+        agent, queues=[queue], ttl=max(visibility, 1), wait=wait, limit=limit
+    )
+    wanted = set(params.get("MessageSystemAttributeNames") or []) | set(
+        params.get("AttributeNames") or []
+    )
+    attribute_names = set(params.get("MessageAttributeNames") or [])
+    return {"Messages": [_message(todo, wanted, attribute_names) for todo in todos]}
+
+
+def _number(params: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value = params.get(name, default)
+    if type(value) is not int or not low <= value <= high:
+        raise SQSError("InvalidParameterValue", f"{name} must be from {low} to {high}.")
+    return value
+
+
+def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[str, Any]:
+    body = messages.body_of(todo)
+    message: dict[str, Any] = {
+        "MessageId": todo.id,
+        "ReceiptHandle": messages.receipt_for(todo),
+        "MD5OfBody": messages.md5_of_body(body),
+        "Body": body,
+    }
+    first_claim = todo.errors[0]["claimed_at"] if todo.errors else None
+    system = {
+        "ApproximateReceiveCount": str(todo.attempt),
+        "SentTimestamp": str(_millis(todo.created_at)),
+        "ApproximateFirstReceiveTimestamp": str(
+            _millis(datetime.fromisoformat(first_claim))
+            if isinstance(first_claim, str)
+            else _millis(todo.claimed_at)
+        ),
+    }
+    chosen = {name: value for name, value in system.items() if "All" in wanted or name in wanted}
+    if chosen:
+        message["Attributes"] = chosen
+    attributes = messages.attributes_of(todo)
+    if attributes and attribute_names:
+        if not {"All", ".*"} & attribute_names:
+            attributes = {
+                name: value for name, value in attributes.items() if name in attribute_names
+            }
+        if attributes:
+            message["MessageAttributes"] = attributes
+            message["MD5OfMessageAttributes"] = messages.md5_of_attributes(attributes)
+    return message
+
+
+def _millis(moment: Any) -> int:
+    return int(moment.timestamp() * 1000) if moment is not None else 0
+
+
+# The holder's verbs
+
+
+def _held(agent: Agent, handle: object) -> str:
+    """The id of the todo `handle` names, locked, if `agent` still holds it under that receipt.
+
+    The lease's holder is checked by the guarded transition that follows; the attempt is
+    checked here, under the row lock, so that a handle from an earlier receipt of the same
+    message cannot act on the current one.
+    """
+    receipt = messages.read_receipt(handle)
+    if receipt is None:
+        raise SQSError("ReceiptHandleIsInvalid", f"The receipt handle {handle!r:.60} is not valid.")
+    held = (
+        Todo.objects.select_for_update()
+        .filter(pk=receipt.todo_id, owner=agent.name, state=State.CLAIMED, attempt=receipt.attempt)
+        .exists()
+    )
+    if not held:
+        raise TodoNotFound(
+            f"The receipt handle has expired: message {receipt.todo_id} is not held under it."
+        )
+    return receipt.todo_id
+
+
+def _delete(agent: Agent, handle: object) -> None:
+    with transaction.atomic():
+        service.complete(agent, _held(agent, handle))
+
+
+def _change_visibility(agent: Agent, handle: object, timeout: object) -> None:
+    if type(timeout) is not int or not 0 <= timeout <= 43200:
+        raise SQSError("InvalidParameterValue", "VisibilityTimeout must be from 0 to 43200.")
+    with transaction.atomic():
+        todo_id = _held(agent, handle)
+        if timeout == 0:
+            service.release(agent, todo_id)
+        else:
+            service.heartbeat(agent, todo_id, timeout)
+
+
+async def delete_message(
+    agent: Agent, params: dict[str, Any], request: HttpRequest
+) -> dict[str, Any]:
+    _queue(params)
+    await sync_to_async(_delete)(agent, params.get("ReceiptHandle"))
+    return {}
+
+
+async def change_message_visibility(
+    agent: Agent, params: dict[str, Any], request: HttpRequest
+) -> dict[str, Any]:
+    _queue(params)
+    await sync_to_async(_change_visibility)(
+        agent, params.get("ReceiptHandle"), params.get("VisibilityTimeout")
+    )
+    return {}
+
+
+def _batch(
+    params: dict[str, Any], each: Callable[[dict[str, Any]], None]
+) -> Callable[[], dict[str, Any]]:
+    _queue(params)
+    entries = _entries(params)
+
+    def run() -> dict[str, Any]:
+        successful, failed = [], []
+        for entry in entries:
+            try:
+                each(entry)
+                successful.append({"Id": entry["Id"]})
+            except (SQSError, TodoError) as error:
+                failed.append(_failure(entry["Id"], error))
+        return {"Successful": successful, "Failed": failed}
+
+    return run
+
+
+async def delete_message_batch(
+    agent: Agent, params: dict[str, Any], request: HttpRequest
+) -> dict[str, Any]:
+    run = _batch(params, lambda entry: _delete(agent, entry.get("ReceiptHandle")))
+    return await sync_to_async(run)()
+
+
+async def change_message_visibility_batch(
+    agent: Agent, params: dict[str, Any], request: HttpRequest
+) -> dict[str, Any]:
+    run = _batch(
+        params,
+        lambda entry: _change_visibility(
+            agent, entry.get("ReceiptHandle"), entry.get("VisibilityTimeout")
+        ),
+    )
+    return await sync_to_async(run)()
+
+
+ACTIONS: dict[str, Action] = {
+    "GetQueueUrl": get_queue_url,
+    "ListQueues": list_queues,
+    "GetQueueAttributes": get_queue_attributes,
+    "SendMessage": send_message,
+    "SendMessageBatch": send_message_batch,
+    "ReceiveMessage": receive_message,
+    "DeleteMessage": delete_message,
+    "DeleteMessageBatch": delete_message_batch,
+    "ChangeMessageVisibility": change_message_visibility,
+    "ChangeMessageVisibilityBatch": change_message_visibility_batch,
+}

@@ -1,0 +1,281 @@
+"""The SQS endpoint, served by a real ASGI server, driven by boto3 with only `endpoint_url` set."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from io import StringIO
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from django.core.management import call_command
+from django.db import connections
+
+from switchboard_todos.agents import accounts
+from switchboard_todos.models import Agent, State, Todo
+from switchboard_todos.sqs import messages
+from switchboard_todos.sqs.signing import secret_for
+from tests.asgi import serve
+from tests.conftest import run_in_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Client = Any  # boto3's SQS client is generated at run time
+
+
+@pytest.fixture
+def server(subprocess_env: dict[str, str]) -> Iterator[str]:
+    with serve({**subprocess_env, "DATABASE_POOL_SIZE": "8"}) as (api, process):
+        yield api.removesuffix("/api")
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    assert "Traceback" not in output, output
+
+
+@pytest.fixture
+def connect(server: str) -> Callable[..., Client]:
+    """A boto3 SQS client for an agent (its derived secret, unless another is given)."""
+
+    def client(agent: Agent, secret: str | None = None) -> Client:
+        return boto3.client(
+            "sqs",
+            endpoint_url=f"{server}/sqs/",
+            region_name="us-east-1",
+            aws_access_key_id=agent.name,
+            aws_secret_access_key=secret or secret_for(agent),
+            config=Config(retries={"max_attempts": 1}, read_timeout=60),
+        )
+
+    return client
+
+
+@pytest.fixture
+def agent() -> Agent:
+    return accounts.create_agent("sqs-bot", claim_queues=["jobs"], create_queues=["jobs"])[0]
+
+
+def url(sqs: Client, queue: str = "jobs") -> str:
+    return str(sqs.get_queue_url(QueueName=queue)["QueueUrl"])
+
+
+def code(error: pytest.ExceptionInfo[ClientError]) -> str:
+    return str(error.value.response["Error"]["Code"])
+
+
+def test_send_receive_delete_with_attributes(connect: Callable[..., Client], agent: Agent) -> None:
+    sqs = connect(agent)
+    queue = url(sqs)
+    assert queue.endswith("/sqs/jobs")
+    assert sqs.list_queues()["QueueUrls"] == [queue]
+    attributes = {
+        "colour": {"DataType": "String", "StringValue": "blue"},
+        "blob": {"DataType": "Binary", "BinaryValue": b"\x00\xff"},
+    }
+    sent = sqs.send_message(
+        QueueUrl=queue, MessageBody='{"n": 1} ünïcode', MessageAttributes=attributes
+    )
+    assert sent["MD5OfMessageBody"] == messages.md5_of_body('{"n": 1} ünïcode')
+    [message] = sqs.receive_message(
+        QueueUrl=queue,
+        MaxNumberOfMessages=10,
+        MessageAttributeNames=["All"],
+        MessageSystemAttributeNames=["All"],
+    )["Messages"]
+    assert (message["MessageId"], message["Body"]) == (sent["MessageId"], '{"n": 1} ünïcode')
+    assert message["MessageAttributes"]["blob"]["BinaryValue"] == b"\x00\xff"
+    assert message["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    assert message["Attributes"]["ApproximateReceiveCount"] == "1"
+    todo = Todo.objects.get(pk=sent["MessageId"])
+    assert (todo.state, todo.owner, todo.source) == (State.CLAIMED, "sqs-bot", "agent:sqs-bot")
+    sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
+    assert Todo.objects.get(pk=todo.pk).state == State.DONE
+    attributes_now = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])
+    assert attributes_now["Attributes"]["ApproximateNumberOfMessages"] == "0"
+
+
+def test_batches_report_each_entry(connect: Callable[..., Client], agent: Agent) -> None:
+    sqs = connect(agent)
+    queue = url(sqs)
+    sent = sqs.send_message_batch(
+        QueueUrl=queue,
+        Entries=[
+            {"Id": "a", "MessageBody": "one"},
+            {"Id": "b", "MessageBody": "two", "DelaySeconds": 1000},
+            {"Id": "c", "MessageBody": "three"},
+        ],
+    )
+    assert sorted(entry["Id"] for entry in sent["Successful"]) == ["a", "c"]
+    assert [(entry["Id"], entry["Code"]) for entry in sent["Failed"]] == [
+        ("b", "InvalidParameterValue")
+    ]
+    received = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
+    assert sorted(message["Body"] for message in received) == ["one", "three"]
+    deleted = sqs.delete_message_batch(
+        QueueUrl=queue,
+        Entries=[
+            {"Id": "x", "ReceiptHandle": received[0]["ReceiptHandle"]},
+            {"Id": "y", "ReceiptHandle": "not-a-handle"},
+        ],
+    )
+    assert [entry["Id"] for entry in deleted["Successful"]] == ["x"]
+    assert [(entry["Id"], entry["Code"]) for entry in deleted["Failed"]] == [
+        ("y", "ReceiptHandleIsInvalid")
+    ]
+    with pytest.raises(ClientError) as error:
+        sqs.send_message_batch(
+            QueueUrl=queue, Entries=[{"Id": str(n), "MessageBody": "x"} for n in range(11)]
+        )
+    assert code(error) == "AWS.SimpleQueueService.TooManyEntriesInBatchRequest"
+
+
+def test_a_long_poll_answers_as_soon_as_a_message_is_sent(
+    connect: Callable[..., Client], agent: Agent
+) -> None:
+    sqs = connect(agent)
+    queue = url(sqs)
+
+    def send_later() -> None:
+        time.sleep(0.5)
+        try:
+            Todo.objects.create_todo(queue="jobs", kind=messages.KIND, payload={"body": "late"})
+        finally:
+            connections.close_all()
+
+    sender = threading.Thread(target=send_later)
+    started = time.monotonic()
+    sender.start()
+    received = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=20)["Messages"]
+    elapsed = time.monotonic() - started
+    sender.join()
+    assert [message["Body"] for message in received] == ["late"]
+    assert elapsed < 10, elapsed
+
+
+def test_a_lapsed_message_comes_back_and_the_old_receipt_is_stale(
+    connect: Callable[..., Client], agent: Agent
+) -> None:
+    sqs = connect(agent)
+    queue = url(sqs)
+    sqs.send_message(QueueUrl=queue, MessageBody="again")
+    [first] = sqs.receive_message(QueueUrl=queue)["Messages"]
+    Todo.objects.expire_lease(first["MessageId"])  # the lease lapses, by the database's clock
+    Todo.objects.reap_expired()
+    [second] = sqs.receive_message(QueueUrl=queue, MessageSystemAttributeNames=["All"])["Messages"]
+    assert second["MessageId"] == first["MessageId"]
+    assert second["Attributes"]["ApproximateReceiveCount"] == "2"
+    with pytest.raises(ClientError) as error:
+        sqs.delete_message(QueueUrl=queue, ReceiptHandle=first["ReceiptHandle"])
+    assert code(error) == "ReceiptHandleIsInvalid"
+    assert Todo.objects.get(pk=second["MessageId"]).state == State.CLAIMED
+    sqs.change_message_visibility(
+        QueueUrl=queue, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=0
+    )
+    [third] = sqs.receive_message(QueueUrl=queue)["Messages"]
+    assert third["MessageId"] == first["MessageId"]
+
+
+def test_deduplication_ids_and_dead_letters(connect: Callable[..., Client], agent: Agent) -> None:
+    sqs = connect(agent)
+    queue = url(sqs)
+    first = sqs.send_message(QueueUrl=queue, MessageBody="x", MessageDeduplicationId="d-1")
+    again = sqs.send_message(QueueUrl=queue, MessageBody="x", MessageDeduplicationId="d-1")
+    assert first["MessageId"] == again["MessageId"]
+    Todo.objects.filter(pk=first["MessageId"]).update(max_attempts=1)
+    sqs.receive_message(QueueUrl=queue)
+    Todo.objects.expire_lease(first["MessageId"])
+    Todo.objects.reap_expired()
+    assert Todo.objects.get(pk=first["MessageId"]).state == State.FAILED
+    assert sqs.receive_message(QueueUrl=queue).get("Messages", []) == []
+
+
+def test_credentials_and_grants_are_checked(connect: Callable[..., Client], agent: Agent) -> None:
+    with pytest.raises(ClientError) as error:
+        connect(agent, secret="x" * 40).list_queues()
+    assert code(error) == "SignatureDoesNotMatch"
+    stranger = Agent(name="nobody", token_generation=1)
+    with pytest.raises(ClientError) as error:
+        connect(stranger).list_queues()
+    assert code(error) == "InvalidClientTokenId"
+    sqs = connect(agent)
+    with pytest.raises(ClientError) as error:
+        sqs.send_message(QueueUrl=url(sqs).replace("/jobs", "/secret"), MessageBody="x")
+    assert code(error) == "AccessDenied"
+    with pytest.raises(ClientError) as error:
+        sqs.create_queue(QueueName="new")
+    assert code(error) == "AWS.SimpleQueueService.UnsupportedOperation"
+    accounts.rotate_token(agent)
+    with pytest.raises(ClientError) as error:
+        sqs.list_queues()  # the old secret died with the old token
+    assert code(error) == "SignatureDoesNotMatch"
+    assert Todo.objects.count() == 0
+
+
+def test_sqs_credentials_prints_two_shell_lines(agent: Agent) -> None:
+    out = StringIO()
+    call_command("todo_agent", "sqs-credentials", "sqs-bot", stdout=out)
+    assert out.getvalue().splitlines() == [
+        "AWS_ACCESS_KEY_ID=sqs-bot",
+        f"AWS_SECRET_ACCESS_KEY={secret_for(agent)}",
+    ]
+
+
+def test_four_consumer_threads_drain_two_thousand_messages_once(
+    connect: Callable[..., Client], agent: Agent
+) -> None:
+    """The consumer loop of SQS's documentation: receive up to 10, process, delete in batch."""
+    sqs = connect(agent)
+    queue = url(sqs)
+    for start in range(0, 2000, 10):
+        entries = [{"Id": str(n), "MessageBody": str(start + n)} for n in range(10)]
+        assert not sqs.send_message_batch(QueueUrl=queue, Entries=entries).get("Failed")
+
+    def consume(index: int) -> list[str]:
+        own = connect(agent)
+        bodies: list[str] = []
+        while received := own.receive_message(
+            QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=1
+        ).get("Messages"):
+            bodies += [message["Body"] for message in received]
+            entries = [
+                {"Id": str(n), "ReceiptHandle": message["ReceiptHandle"]}
+                for n, message in enumerate(received)
+            ]
+            assert not own.delete_message_batch(QueueUrl=queue, Entries=entries).get("Failed")
+        return bodies
+
+    bodies = [body for part in run_in_threads(4, consume) for body in part]
+    assert sorted(bodies, key=int) == [str(n) for n in range(2000)]
+    assert set(Todo.objects.values_list("state", "attempt")) == {(State.DONE, 1)}
+
+
+def test_the_aws_cli_sends_receives_and_deletes(server: str, agent: Agent) -> None:
+    """`aws sqs …` with --endpoint-url, as an operator would script it."""
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": agent.name,
+        "AWS_SECRET_ACCESS_KEY": secret_for(agent),
+        "AWS_DEFAULT_REGION": "eu-west-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
+
+    def aws(*args: str) -> Any:
+        command = [sys.executable, "-m", "awscli", "sqs", *args, "--endpoint-url", f"{server}/sqs/"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout) if done.stdout.strip() else None
+
+    queue = aws("get-queue-url", "--queue-name", "jobs")["QueueUrl"]
+    sent = aws("send-message", "--queue-url", queue, "--message-body", "from the cli")
+    [message] = aws("receive-message", "--queue-url", queue)["Messages"]
+    assert (message["MessageId"], message["Body"]) == (sent["MessageId"], "from the cli")
+    aws("delete-message", "--queue-url", queue, "--receipt-handle", message["ReceiptHandle"])
+    assert Todo.objects.get(pk=sent["MessageId"]).state == State.DONE
