@@ -26,6 +26,7 @@ SCENARIOS = (
     "pickup",
     "claim_scale",
     "http_agents",
+    "sqs_agents",
 )
 
 
