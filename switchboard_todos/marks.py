@@ -45,6 +45,10 @@ FULL_SCAN_EVERY = 10.0
 #: Below every priority (-100 is the lowest): a queue's scan of the priorities above it is
 #: the whole queue.
 BELOW_ALL = -101
+#: The queue of the first entry of the group arrays, which matches no queue: the arrays are
+#: never empty, so each parameter of the claim always has one type and its prepared statement
+#: stays one (cursors.py).
+NO_QUEUE = ""
 #: The mark of a scan from the head. A datetime, never None, so that the claim's parameter
 #: always has one type and its prepared statement stays one (cursors.py).
 FROM_HEAD = datetime.min.replace(tzinfo=UTC)
@@ -83,7 +87,7 @@ class Marks:
     def for_claim(self, alias: str, queues: Sequence[str]) -> ClaimMarks:
         """The marks of the next claim from `queues` (see ClaimMarks)."""
         now = self.clock()
-        found = ClaimMarks([], [], [], [], [], [], False)
+        found = ClaimMarks([], [], [], [NO_QUEUE], [BELOW_ALL], [FROM_HEAD], False)
         with self._lock:
             full = now - self._full_scans.get(alias, now - FULL_SCAN_EVERY) >= FULL_SCAN_EVERY
             if full:

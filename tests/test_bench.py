@@ -32,6 +32,10 @@ ROWS = {
     ],
     "claim_scale": ["1,000 pending, 1 queue", "1,000 pending, 3 queues"],
     "http_agents": ["claim + complete, 2 agents", "long-poll pickup latency median"],
+    "sqs_agents": [
+        "SQS send_message_batch of 10",
+        "SQS receive_message(10) + delete_message_batch",
+    ],
 }
 
 

@@ -12,6 +12,7 @@ from switchboard_todos.marks import (
     FROM_HEAD,
     FULL_SCAN_EVERY,
     MARK_SLACK,
+    NO_QUEUE,
     ClaimMarks,
     Marks,
     marks,
@@ -44,21 +45,22 @@ def test_a_full_scan_every_interval_and_marks_between() -> None:
     clock = Clock()
     own = Marks(clock)
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    head = ClaimMarks([FROM_HEAD, FROM_HEAD], [BELOW_ALL] * 2, [BELOW_ALL] * 2, [], [], [], True)
+    none = ([NO_QUEUE], [BELOW_ALL], [FROM_HEAD])
+    head = ClaimMarks([FROM_HEAD, FROM_HEAD], [BELOW_ALL] * 2, [BELOW_ALL] * 2, *none, True)
     assert own.for_claim("default", ["a", "b"]) == head  # the first
     own.claimed("default", [("a", 0, at + timedelta(seconds=5)), ("a", 0, at), ("a", 7, at + HOUR)])
     assert own.for_claim("default", ["a", "b"]) == ClaimMarks(
         marks=[at - MARK_SLACK, FROM_HEAD],
         tops=[7, BELOW_ALL],
         bottoms=[0, BELOW_ALL],
-        group_queues=["a", "a"],
-        group_priorities=[7, 0],
-        group_marks=[at + HOUR - MARK_SLACK, at - MARK_SLACK],
+        group_queues=[NO_QUEUE, "a", "a"],
+        group_priorities=[BELOW_ALL, 7, 0],
+        group_marks=[FROM_HEAD, at + HOUR - MARK_SLACK, at - MARK_SLACK],
         full_scan=False,
     )
     clock.now += FULL_SCAN_EVERY
     assert own.for_claim("default", ["a"]).full_scan
-    assert own.for_claim("default", ["a"]).group_priorities == [7, 0]
+    assert own.for_claim("default", ["a"]).group_priorities == [BELOW_ALL, 7, 0]
     assert own.for_claim("other", ["a"]).full_scan  # marks are per database
 
 

@@ -211,6 +211,9 @@ def test_credentials_and_grants_are_checked(connect: Callable[..., Client], agen
     with pytest.raises(ClientError) as error:
         sqs.create_queue(QueueName="new")
     assert code(error) == "AWS.SimpleQueueService.UnsupportedOperation"
+    with pytest.raises(ClientError) as error:
+        sqs.purge_queue(QueueUrl=url(sqs))
+    assert code(error) == "AccessDenied"
     accounts.rotate_token(agent)
     with pytest.raises(ClientError) as error:
         sqs.list_queues()  # the old secret died with the old token

@@ -59,7 +59,7 @@ SELECT * FROM (
      WHERE state = 'pending' AND next_retry_at IS NULL
        AND queue = $queue AND $priorities
        AND created_at >= $mark
-       AND (assignee IS NULL OR assignee = %(owner)s)
+       AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
        AND {{key_free(todos)}} AND {{key_head(todos)}}
      ORDER BY priority DESC, created_at
      LIMIT 1000
@@ -207,9 +207,9 @@ SELECT * FROM inserted WHERE (SELECT count(*) FROM notified) >= 0;
 -- of the index); in priority order, and only as far as the limit needs. Lapsed leases are
 -- looked for only when %(full_scan)s.
 -- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
--- at each call, which costs more than running it. So the planner must not see the queues and
--- the limit, read through "(SELECT ...)": every call then gets the same plan, and the generic
--- one wins. Each scan locks rows under a constant "LIMIT 1000" (the largest claim_batch
+-- at each call, which costs more than running it. So the planner must not see the queues,
+-- the marks, the owner, the limit or whether it is a full scan, all read through
+-- "(SELECT ...)": every call then gets the same plan, and the generic one wins. Each scan locks rows under a constant "LIMIT 1000" (the largest claim_batch
 -- limit) and yields them to the real limit above it, which stops pulling, hence locking, at
 -- %(limit)s rows: the constant keeps the plan's estimated cost small however large the
 -- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
@@ -250,7 +250,7 @@ due AS MATERIALIZED (
                  WHERE state = 'pending' AND next_retry_at IS NOT NULL
                    AND queue = wanted.queue
                    AND next_retry_at <= now()
-                   AND (assignee IS NULL OR assignee = %(owner)s)
+                   AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
                    AND {{key_free(todos)}}
                  ORDER BY next_retry_at
                  LIMIT 1000
@@ -263,11 +263,11 @@ lapsed AS MATERIALIZED (
     SELECT * FROM (
         SELECT id, priority, concurrency_key, lease_expires_at AS claimable_at
           FROM todos
-         WHERE %(full_scan)s::bool AND state = 'claimed'
+         WHERE (SELECT %(full_scan)s::bool) AND state = 'claimed'
            AND lease_expires_at <= now()
            AND attempt < max_attempts
            AND queue = ANY ((SELECT %(queues)s::text[])::text[])
-           AND (assignee IS NULL OR assignee = %(owner)s)
+           AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
          ORDER BY lease_expires_at
          LIMIT 1000
            FOR UPDATE SKIP LOCKED

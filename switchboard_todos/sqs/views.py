@@ -448,6 +448,16 @@ async def change_message_visibility_batch(
     return await sync_to_async(run)()
 
 
+async def purge_queue(agent: Agent, params: dict[str, Any], request: HttpRequest) -> dict[str, Any]:
+    """Operators purge (the admin, `purge_todos`); an agent may not."""
+    queue = _queue(params)
+    raise SQSError(
+        "AccessDenied",
+        f"PurgeQueue is an operator's action: agent {agent.name!r} may not purge {queue!r}. "
+        "Operators delete todos in the admin or with manage.py purge_todos.",
+    )
+
+
 ACTIONS: dict[str, Action] = {
     "GetQueueUrl": get_queue_url,
     "ListQueues": list_queues,
@@ -459,4 +469,5 @@ ACTIONS: dict[str, Action] = {
     "DeleteMessageBatch": delete_message_batch,
     "ChangeMessageVisibility": change_message_visibility,
     "ChangeMessageVisibilityBatch": change_message_visibility_batch,
+    "PurgeQueue": purge_queue,
 }
