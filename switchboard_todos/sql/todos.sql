@@ -66,6 +66,21 @@ SELECT * FROM (
        FOR UPDATE SKIP LOCKED
 ) AS scan
 
+-- fragment: picked
+-- The "picked" CTE of a claim: of the candidates of its ready, due and lapsed scans, the first
+-- %(limit)s by priority, then claimable time, taking one todo at most per concurrency key.
+picked AS MATERIALIZED (
+    SELECT id, priority, claimable_at
+      FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(concurrency_key, id)
+                                         ORDER BY priority DESC, claimable_at) AS nth
+              FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
+                   AS claimable
+           ) AS first_per_key
+     WHERE nth = 1
+     ORDER BY priority DESC, claimable_at
+     LIMIT (SELECT %(limit)s::int)
+)
+
 -- fragment: unless_key_held
 -- An insert skips a todo whose (queue, idempotency_key) a live todo holds (idx_todos_dedupe).
 ON CONFLICT (queue, idempotency_key)
@@ -274,17 +289,7 @@ lapsed AS MATERIALIZED (
     ) AS locked
     LIMIT (SELECT %(limit)s::int)
 ),
-picked AS MATERIALIZED (
-    SELECT id, priority, claimable_at
-      FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(concurrency_key, id)
-                                         ORDER BY priority DESC, claimable_at) AS nth
-              FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
-                   AS claimable
-           ) AS first_per_key
-     WHERE nth = 1
-     ORDER BY priority DESC, claimable_at
-     LIMIT (SELECT %(limit)s::int)
-),
+{{picked}},
 claimed AS (
     UPDATE todos
        {{set_claimed}}
@@ -312,17 +317,7 @@ due AS MATERIALIZED (
 lapsed AS MATERIALIZED (
     {lapsed}
 ),
-picked AS MATERIALIZED (
-    SELECT id
-      FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(concurrency_key, id)
-                                         ORDER BY priority DESC, claimable_at) AS nth
-              FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
-                   AS claimable
-           ) AS first_per_key
-     WHERE nth = 1
-     ORDER BY priority DESC, claimable_at
-     LIMIT %(limit)s
-)
+{{picked}}
 UPDATE todos
    {{set_claimed}}
  WHERE id = ANY (ARRAY(SELECT id FROM picked))
