@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from switchboard_todos import faults, validation
+from switchboard_todos import faults, stats, validation
 from switchboard_todos.agents import errors, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
 from switchboard_todos.models import Agent, State, Todo
@@ -188,27 +188,22 @@ async def get_queue_attributes(
     queue = _queue(params)
     _check_granted(agent, queue, _granted(agent))
     wanted = params.get("AttributeNames") or ["All"]
-    counts = await sync_to_async(_counts)(queue)
+    # The queue health the admin and the metrics read, by the database's clock; nothing of the
+    # finished todos (recent=0), which SQS does not count.
+    found = await sync_to_async(stats.queue_health)([queue], recent=timedelta(0))
+    health = found[0] if found else None
     attributes = {
-        "ApproximateNumberOfMessages": str(counts["ready"]),
-        "ApproximateNumberOfMessagesNotVisible": str(counts["claimed"]),
-        "ApproximateNumberOfMessagesDelayed": str(counts["delayed"]),
+        "ApproximateNumberOfMessages": str(health.ready if health else 0),
+        "ApproximateNumberOfMessagesNotVisible": str(
+            health.claimed + health.lease_expired if health else 0
+        ),
+        "ApproximateNumberOfMessagesDelayed": str(health.scheduled if health else 0),
         "VisibilityTimeout": str(DEFAULT_VISIBILITY),
         "RedrivePolicy": json.dumps({"maxReceiveCount": 5, "deadLetterTargetArn": "failed"}),
     }
     if "All" not in wanted:
         attributes = {name: value for name, value in attributes.items() if name in wanted}
     return {"Attributes": attributes}
-
-
-def _counts(queue: str) -> dict[str, int]:
-    now = timezone.now()
-    todos = Todo.objects.filter(queue=queue)
-    return {
-        "ready": todos.filter(state=State.PENDING).exclude(next_retry_at__gt=now).count(),
-        "claimed": todos.filter(state=State.CLAIMED).count(),
-        "delayed": todos.filter(state=State.PENDING, next_retry_at__gt=now).count(),
-    }
 
 
 # Sending
