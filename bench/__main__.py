@@ -27,6 +27,7 @@ SCENARIOS = (
     "claim_scale",
     "http_agents",
     "sqs_agents",
+    "two_databases",
 )
 
 

@@ -142,8 +142,15 @@ class Child:
         self._counts[self.index] = todos
 
 
-def run_worker(child: Child, kind: str, handler: Callable[[Any], Any], **options: Any) -> int:
-    """Run a real `Worker` on the queue, `handler` registered for `kind`, until told to stop.
+def run_worker(
+    child: Child,
+    kind: str,
+    handler: Callable[[Any], Any],
+    *,
+    queues: str | list[str] = QUEUE,
+    **options: Any,
+) -> int:
+    """Run a real `Worker` on `queues`, `handler` registered for `kind`, until told to stop.
 
     A watcher thread publishes the todos it has stored as done, which is what the parent
     counts, and stops the worker when the parent has seen them all.
@@ -153,7 +160,7 @@ def run_worker(child: Child, kind: str, handler: Callable[[Any], Any], **options
 
     if handlers.get_handler(kind) is None:
         handlers.handler(kind)(handler)
-    worker = Worker(QUEUE, ttl=TTL, **options)
+    worker = Worker(queues, ttl=TTL, **options)
 
     def report() -> None:
         while not child.stop.wait(_TICK):
@@ -295,11 +302,11 @@ class Pool:
 # The database
 
 
-def reset(backlog: int = 0) -> None:
-    """Empty `todos` and add `backlog` pending todos, then `settle()`."""
-    from django.db import connection
+def reset(backlog: int = 0, *, queue: str = QUEUE, using: str = "default") -> None:
+    """Empty `todos` of database `using` and add `backlog` pending todos, then `settle()`."""
+    from django.db import connections
 
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute("TRUNCATE todos")
         if backlog:
             cursor.execute(
@@ -309,15 +316,15 @@ def reset(backlog: int = 0) -> None:
                        now() - (%s - g) * interval '1 microsecond'
                   FROM generate_series(1, %s) AS g
                 """,
-                [QUEUE, backlog, backlog],
+                [queue, backlog, backlog],
             )
-    settle()
+    settle(using)
 
 
 _checkpoints = True
 
 
-def settle() -> None:
+def settle(using: str = "default") -> None:
     """VACUUM ANALYZE `todos`, then CHECKPOINT, so that every run starts from the same state.
 
     Vacuuming clears the dead rows of the run before, which each claim would step over. The
@@ -326,9 +333,9 @@ def settle() -> None:
     a superuser (or pg_checkpoint); without one the runs go without.
     """
     global _checkpoints
-    from django.db import DatabaseError, connection
+    from django.db import DatabaseError, connections
 
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute("VACUUM ANALYZE todos")
         if _checkpoints:
             try:
@@ -338,18 +345,18 @@ def settle() -> None:
                 print(f"(no CHECKPOINT between runs: {error})".strip(), flush=True)
 
 
-def count_states() -> dict[str, int]:
-    """How many todos are in each state."""
-    from django.db import connection
+def count_states(using: str = "default") -> dict[str, int]:
+    """How many todos are in each state, in database `using`."""
+    from django.db import connections
 
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute("SELECT state, count(*) FROM todos GROUP BY state")
         return dict(cursor.fetchall())
 
 
-def expect_states(expected: dict[str, int], what: str) -> None:
+def expect_states(expected: dict[str, int], what: str, using: str = "default") -> None:
     """Raise BenchError unless the table holds exactly `expected` (a run did all its work)."""
-    found = count_states()
+    found = count_states(using)
     if found != expected:
         raise BenchError(f"{what}: expected {expected}, found {found}")
 

@@ -25,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from switchboard_todos import validation
+from switchboard_todos import placement, validation
 from switchboard_todos.compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -123,11 +123,17 @@ class TodoBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> AnyResult:
-        """The task's result as stored now; TaskResultDoesNotExist for ids it did not enqueue."""
-        try:
-            todo = Todo.objects.get(pk=result_id, source=TASKS_SOURCE, payload__backend=self.alias)
-        except Todo.DoesNotExist:
-            raise TaskResultDoesNotExist(result_id) from None
+        """The task's result as stored now; TaskResultDoesNotExist for ids it did not enqueue.
+
+        With queues in several databases, each database its queues live in is asked in turn.
+        """
+        found = Todo.objects.filter(pk=result_id, source=TASKS_SOURCE, payload__backend=self.alias)
+        aliases = (
+            list(placement.by_database(self.queues)) if self.queues else placement.todo_databases()
+        )
+        todo = next((todo for alias in aliases for todo in found.using(alias)[:1]), None)
+        if todo is None:
+            raise TaskResultDoesNotExist(result_id)
         try:
             return task_result(todo, restore_task(todo))
         except InvalidTask as error:

@@ -10,11 +10,12 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, models, router
+from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.migrations.loader import MigrationLoader
 from django.db.models.fields import NOT_PROVIDED
 
+from switchboard_todos import placement
 from switchboard_todos.conf import DEFAULTS
 
 #: gen_random_uuid() became core in PostgreSQL 13.
@@ -28,17 +29,6 @@ def register() -> None:
     checks.register(check_schema, checks.Tags.database)
 
 
-def _todo_databases(aliases: Sequence[str] | None = None) -> list[str]:
-    """The database aliases the todos tables live in."""
-    from switchboard_todos.models import Todo
-
-    return [
-        alias
-        for alias in (aliases if aliases is not None else list(connections))
-        if router.allow_migrate_model(alias, Todo)
-    ]
-
-
 def check_database_vendor(**kwargs: Any) -> list[checks.CheckMessage]:
     """The queue's SQL is PostgreSQL's; any other backend would fail at the first claim."""
     return [
@@ -49,7 +39,7 @@ def check_database_vendor(**kwargs: Any) -> list[checks.CheckMessage]:
             "switchboard_todos app to a PostgreSQL database with a database router.",
             id="switchboard_todos.E001",
         )
-        for alias in _todo_databases()
+        for alias in placement.todo_databases()
         if connections[alias].vendor != "postgresql"
     ]
 
@@ -99,7 +89,33 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors += _number("DEAD_TUPLES_WARNING", low=0, high=None, error_id="switchboard_todos.E011")
     errors += _database_options()
     errors += _schedules()
+    errors += _queue_databases()
     return errors
+
+
+def _queue_databases() -> list[checks.Error]:
+    configured = getattr(settings, "SWITCHBOARD_TODOS_QUEUE_DATABASES", {})
+    hint = 'For example {"eu-*": "eu"}: queue name or pattern -> an alias of DATABASES.'
+    if not isinstance(configured, dict) or not all(
+        isinstance(pattern, str) and isinstance(alias, str) for pattern, alias in configured.items()
+    ):
+        return [
+            checks.Error(
+                "SWITCHBOARD_TODOS_QUEUE_DATABASES must be a dict of str: str.",
+                hint=hint,
+                id="switchboard_todos.E042",
+            )
+        ]
+    return [
+        checks.Error(
+            f"SWITCHBOARD_TODOS_QUEUE_DATABASES places {pattern!r} in database {alias!r}, "
+            "which DATABASES does not define.",
+            hint=hint,
+            id="switchboard_todos.E043",
+        )
+        for pattern, alias in configured.items()
+        if alias not in settings.DATABASES
+    ]
 
 
 def _schedules() -> list[checks.Error]:
@@ -153,7 +169,7 @@ def check_database_version(
 ) -> list[checks.CheckMessage]:
     """Run with `check --database` and by `migrate`: the server must be PostgreSQL 13 or newer."""
     errors: list[checks.CheckMessage] = []
-    for alias in _todo_databases(databases or []):
+    for alias in placement.todo_databases(databases or []):
         connection = connections[alias]
         if connection.vendor != "postgresql":
             continue
@@ -191,7 +207,7 @@ def check_schema(
     from switchboard_todos.models import Event, Todo
 
     errors: list[checks.CheckMessage] = []
-    for alias in _todo_databases(databases or []):
+    for alias in placement.todo_databases(databases or []):
         connection = connections[alias]
         if connection.vendor != "postgresql" or not _fully_migrated(connection):
             continue

@@ -48,7 +48,7 @@ class EventManager(models.Manager["Event"]):
                 required=True,
             ),
         }
-        alias = router.db_for_write(self.model)
+        alias = self._db or router.db_for_write(self.model)
         inserted = list(self.raw(event_queries["record_event"], params, using=alias))
         if inserted:
             return inserted[0], True

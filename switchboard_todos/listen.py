@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -113,14 +113,14 @@ class Doorbell:
 class PollSchedule:
     """How long to wait between claims that found nothing.
 
-    While `listener` listens, notifications bring new work at once and polling only finds
-    retries coming due and lapsed leases: every `maximum` seconds. Without it, polling is the
-    only way, so it starts at POLL_MIN and doubles up to `maximum`.
+    While `listeners` listen (one per database), notifications bring new work at once and
+    polling only finds retries coming due and lapsed leases: every `maximum` seconds. Without
+    them, polling is the only way, so it starts at POLL_MIN and doubles up to `maximum`.
     """
 
-    def __init__(self, maximum: float, listener: Listener | None) -> None:
+    def __init__(self, maximum: float, listeners: Sequence[Listener]) -> None:
         self._maximum = maximum
-        self._listener = listener
+        self._listeners = listeners
         self._next = min(POLL_MIN, maximum)
 
     def reset(self) -> None:
@@ -129,7 +129,7 @@ class PollSchedule:
 
     def pause(self) -> float:
         """The next wait, in seconds."""
-        if self._listener is not None and self._listener.listening:
+        if self._listeners and all(listener.listening for listener in self._listeners):
             return self._maximum
         pause = self._next
         self._next = min(pause * 2, self._maximum)
@@ -146,7 +146,7 @@ class BlockingClaim:
     def __init__(self, alias: str, queues: Iterable[str], seconds: float, *, listen: bool) -> None:
         self.doorbell = Doorbell(queues)
         self._listener = shared_listener(alias) if listen else None
-        self._schedule = PollSchedule(POLL_MAX, self._listener)
+        self._schedule = PollSchedule(POLL_MAX, [self._listener] if self._listener else [])
         self._deadline = time.monotonic() + seconds
 
     def start(self) -> None:

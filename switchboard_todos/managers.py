@@ -19,7 +19,7 @@ from django.db import DatabaseError, IntegrityError, connections, models, router
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 
-from switchboard_todos import cursors, faults, signals, validation
+from switchboard_todos import cursors, faults, placement, signals, validation
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
@@ -132,19 +132,31 @@ class TodoManager(_TodoManagerBase["Todo"]):
             "event": event,
             "run_after": run_after,
         }
-        return self._create(self._known_events([validation.creation(spec)])[0])
+        params = validation.creation(spec)
+        placed = self._placed([params["queue"]])
+        return placed._create(placed._known_events([params])[0])
 
     def create_many(self, todos: Iterable[Mapping[str, Any]]) -> list[tuple[Todo, bool]]:
         """Enqueue many todos in one statement; each mapping takes `create_todo`'s arguments.
 
         Returns (todo, created) per input, in input order. A key repeated within the batch,
-        or held by a live todo, yields that todo with created=False.
+        or held by a live todo, yields that todo with created=False. Todos of queues placed in
+        several databases take one statement per database.
         """
+        groups = self._by_database(validation.creations(todos))
+        if len(groups) == 1:
+            placed, rows = groups[0]
+            return placed._create_many(list(rows.values()))
+        results: dict[int, tuple[Todo, bool]] = {}
+        for placed, rows in groups:
+            created = placed._create_many(list(rows.values()))
+            results.update(zip(rows, created, strict=True))
+        return [results[position] for position in sorted(results)]
+
+    def _create_many(self, batch: list[dict[str, Any]]) -> list[tuple[Todo, bool]]:
+        """Run `create_many` with validated parameters, all of this manager's database."""
         from switchboard_todos.models import new_todo_id
 
-        batch = self._known_events(validation.creations(todos))
-        if not batch:
-            return []
         ids = [new_todo_id() for _ in batch]
         columns = {
             "ids": ids,
@@ -188,13 +200,19 @@ class TodoManager(_TodoManagerBase["Todo"]):
         before anything is written; the batch commits as one, with the caller's transaction if
         there is one. A `run_after` in the past makes the todo claimable at once.
         """
-        rows = self._known_events(validation.creations(todos))
-        for number, params in enumerate(rows):
+        batch = validation.creations(todos)
+        for number, params in enumerate(batch):
             if params["idempotency_key"] is not None:
                 raise InvalidTodo(
                     f"todo #{number}: enqueue_many cannot deduplicate; enqueue todos with an "
                     "idempotency key through create_many or create_todo."
                 )
+        return sum(
+            placed._enqueue_many(list(rows.values())) for placed, rows in self._by_database(batch)
+        )
+
+    def _enqueue_many(self, rows: list[dict[str, Any]]) -> int:
+        """Run `enqueue_many` with validated rows, all of this manager's database."""
         if not rows:
             return 0
         # Columns at their database default in every row are left to the default, as a
@@ -225,13 +243,61 @@ class TodoManager(_TodoManagerBase["Todo"]):
                 cursor.execute(queries["notify_queues"], {"queues": ready})
         return len(rows)
 
+    def _placed(self, queues: Sequence[str]) -> TodoManager:
+        """This manager on the database `queues` live in (placement.py); itself when pinned
+        by `db_manager`. Queues of several databases are refused: a statement runs in one."""
+        if self._db is not None:
+            return self
+        grouped = placement.by_database(queues)
+        if len(grouped) > 1:
+            where = "; ".join(f"{alias}: {', '.join(names)}" for alias, names in grouped.items())
+            raise InvalidTodo(
+                f"queues live in different databases ({where}); claim from each with "
+                "Todo.objects.db_manager(alias)."
+            )
+        return self._on_database(next(iter(grouped), self._db_alias))
+
+    def _on_database(self, alias: str) -> TodoManager:
+        """This manager pinned to `alias` (kept: placement runs on every create and claim)."""
+        if self._db == alias:
+            return self
+        pinned = self._pinned.get(alias)
+        if pinned is None:
+            pinned = self._pinned[alias] = self.db_manager(alias)
+        return pinned
+
+    def _by_database(
+        self, batch: list[dict[str, Any]]
+    ) -> list[tuple[TodoManager, dict[int, dict[str, Any]]]]:
+        """A validated batch's rows by the database each lives in, as {position: row}; the
+        events the rows name are checked in each database before anything is written."""
+        groups: dict[str, dict[int, dict[str, Any]]] = {}
+        if self._db is not None:
+            groups[self._db] = dict(enumerate(batch))
+        else:
+            for position, params in enumerate(batch):
+                groups.setdefault(placement.database_for(params["queue"]), {})[position] = params
+        placed = [(self._on_database(alias), rows) for alias, rows in groups.items()]
+        for manager, rows in placed:
+            manager._known_events(list(rows.values()))
+        return placed or [(self, {})]
+
     def _known_events(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Return validated todos once the events they name by id exist (one lookup a batch)."""
+        """Return validated todos once the events they name exist in this manager's database
+        (one lookup a batch for events named by id)."""
+        alias = self._db_alias
+        for params in batch:
+            if params["event_database"] not in (None, alias):
+                raise InvalidTodo(
+                    f"event {params['event_id']!r} is in database {params['event_database']!r}, "
+                    f"but queue {params['queue']!r} lives in {alias!r}: a todo and its event "
+                    "share a database (Event.objects.db_manager(alias).record(...))."
+                )
         named = {params["event_id"] for params in batch if params["event_given_by_id"]}
         if named:
             from switchboard_todos.models import Event
 
-            found = Event.objects.using(self._db_alias).filter(pk__in=named).values_list("pk")
+            found = Event.objects.using(alias).filter(pk__in=named).values_list("pk")
             missing = named - {pk for (pk,) in found}
             if missing:
                 raise InvalidTodo(f"event {min(missing)!r} does not exist.")
@@ -314,7 +380,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
         With `wait`, block until at least one is claimable or `wait` has passed.
         """
-        return _run_now(self._claim_batch(_Blocking(self), queues, owner, ttl, limit, wait))
+        return run_now(self._claim_batch(_Blocking(self), queues, owner, ttl, limit, wait))
 
     async def aclaim_batch(
         self,
@@ -362,6 +428,9 @@ class TodoManager(_TodoManagerBase["Todo"]):
     ) -> list[Todo]:
         """`claim_batch` and its twin, one code: `io` claims, subscribes and waits, each its way."""
         params = validation.arguments(queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait)
+        placed = self._placed(params["queues"])
+        if placed is not self:
+            return await placed._claim_batch(type(io)(placed), queues, owner, ttl, limit, wait)
         seconds = params.pop("wait")
         if not seconds:
             return await io.claim(params)
@@ -633,7 +702,13 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
     @property
     def _db_alias(self) -> str:
-        return router.db_for_write(self.model)
+        """The database of by-id transitions: the pinned one, else the router's for Todo."""
+        return self._db or router.db_for_write(self.model)
+
+    @cached_property
+    def _pinned(self) -> dict[str, TodoManager]:
+        """This manager pinned to each database a placement has named (`_on_database`)."""
+        return {}
 
     def _cursor(self) -> CursorWrapper:
         return cursors.cursor(connections[self._db_alias])
@@ -822,7 +897,7 @@ class _Suspending(_Blocking):
         await sync_to_async(self.manager._give_back_pooled_connection, thread_sensitive=True)()
 
 
-def _run_now(coroutine: Coroutine[Any, Any, R]) -> R:
+def run_now(coroutine: Coroutine[Any, Any, R]) -> R:
     """The result of a coroutine none of whose awaits suspends, run on this thread."""
     try:
         coroutine.send(None)

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from switchboard_todos import stats, vacuum
+from switchboard_todos import placement, stats, vacuum
 
 #: The throughput window: todos finished within it are counted per queue at each scrape.
 WINDOW = timedelta(minutes=5)
@@ -37,11 +37,16 @@ STATES = [
 
 
 class TodoCollector(Collector):
-    """Reads the numbers at each scrape: two statements on the queue, two on catalog views."""
+    """Reads the numbers at each scrape, in each database that holds todos: two statements on
+    the queue, two on catalog views. A queue lives in one database, so `queue` names it; the
+    vacuum gauges are per database."""
 
     def collect(self) -> Iterator[Metric]:
-        rows = stats.queue_health(recent=WINDOW)
-        health = vacuum.vacuum_health()
+        databases = placement.todo_databases()
+        rows = [
+            row for alias in databases for row in stats.queue_health(recent=WINDOW, using=alias)
+        ]
+        healths = {alias: vacuum.vacuum_health(alias) for alias in databases}
         window = f"{WINDOW.total_seconds():g} seconds"
         todos = GaugeMetricFamily(
             "switchboard_todos_todos",
@@ -65,38 +70,44 @@ class TodoCollector(Collector):
             done.add_metric([row.queue], row.done_recently)
             dead.add_metric([row.queue], row.dead_lettered_recently)
         yield from (todos, oldest, done, dead)
-        yield from _vacuum_metrics(health)
+        yield from _vacuum_metrics(healths)
 
 
 def _per_queue(name: str, documentation: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"switchboard_todos_{name}", documentation, labels=["queue"])
 
 
-def _vacuum_metrics(health: vacuum.VacuumHealth) -> Iterator[Metric]:
-    holder = health.holder
-    age = holder.age if holder is not None else None
-    yield GaugeMetricFamily(
-        "switchboard_todos_xmin_horizon_age_seconds",
-        "How long the oldest transaction holding back vacuum in this database has been open "
-        "(sessions and prepared transactions; replication slots have no time); 0 when none.",
-        value=0.0 if age is None else age.total_seconds(),
-    )
-    yield GaugeMetricFamily(
-        "switchboard_todos_xmin_horizon_xids",
-        "How many transaction ids the oldest snapshot holding back vacuum is behind (sessions, "
-        "prepared transactions, replication slots); 0 when none.",
-        value=0 if holder is None else holder.xids,
-    )
-    yield GaugeMetricFamily(
-        "switchboard_todos_table_dead_tuples",
-        "Dead row versions in the todos table, waiting for vacuum (statistics collector).",
-        value=health.dead_tuples,
-    )
-    yield GaugeMetricFamily(
-        "switchboard_todos_table_live_tuples",
-        "Live rows in the todos table (statistics collector).",
-        value=health.live_tuples,
-    )
+def _vacuum_metrics(healths: dict[str, vacuum.VacuumHealth]) -> Iterator[Metric]:
+    families = [
+        GaugeMetricFamily(f"switchboard_todos_{name}", documentation, labels=["database"])
+        for name, documentation in (
+            (
+                "xmin_horizon_age_seconds",
+                "How long the oldest transaction holding back vacuum in this database has been "
+                "open (sessions and prepared transactions; replication slots have no time); 0 "
+                "when none.",
+            ),
+            (
+                "xmin_horizon_xids",
+                "How many transaction ids the oldest snapshot holding back vacuum is behind "
+                "(sessions, prepared transactions, replication slots); 0 when none.",
+            ),
+            (
+                "table_dead_tuples",
+                "Dead row versions in the todos table, waiting for vacuum (statistics collector).",
+            ),
+            ("table_live_tuples", "Live rows in the todos table (statistics collector)."),
+        )
+    ]
+    age, xids, dead, live = families
+    for alias, health in healths.items():
+        holder = health.holder
+        held = holder.age if holder is not None else None
+        age.add_metric([alias], 0.0 if held is None else held.total_seconds())
+        xids.add_metric([alias], 0 if holder is None else holder.xids)
+        dead.add_metric([alias], health.dead_tuples)
+        live.add_metric([alias], health.live_tuples)
+    yield from families
 
 
 registry = CollectorRegistry(auto_describe=False)

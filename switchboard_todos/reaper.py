@@ -1,9 +1,11 @@
 """The reaper loop behind `manage.py reap_todos` and `todo_scheduler`: sweep, sleep, repeat.
 
-A sweep takes back lapsed leases with `Todo.objects.reap_expired()`, one statement that skips
-rows another session holds, so any number of reapers can run at once; and, when schedules are
-declared, enqueues the periodic todos that fell due (`schedules.run_due`, whose ticks are
-likewise taken once however many schedulers run). `todo_scheduler` does only the second.
+A sweep of each database that holds todos (placement.py) takes back lapsed leases with
+`reap_expired()`, one statement that skips rows another session holds, so any number of
+reapers can run at once; and, when schedules are declared, enqueues the periodic todos that
+fell due (`schedules.run_due`, whose ticks are likewise taken once however many schedulers
+run). `todo_scheduler` does only the second. A database that fails does not keep the others
+from their sweep.
 
 Once the first sweep has worked, a database that goes away or turns read-only (`faults`) is
 logged and retried with a capped backoff instead of ending the process: a long-running service
@@ -16,12 +18,13 @@ Restart= retries it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import NamedTuple
 
-from django.db import DatabaseError, close_old_connections, router
+from django.db import DatabaseError, close_old_connections
 
-from switchboard_todos import faults, schedules
+from switchboard_todos import faults, placement, schedules
 from switchboard_todos.backoff import retry_delay
 from switchboard_todos.models import Todo
 from switchboard_todos.shutdown import Shutdown
@@ -82,7 +85,9 @@ class Reaper:
         report_idle: bool = False,
         reaping: bool = True,
         scheduling: bool | None = None,
+        databases: Sequence[str] | None = None,
     ) -> None:
+        self.databases = list(databases) if databases else placement.todo_databases()
         self.interval = interval
         self.shutdown = shutdown
         self.max_sweeps = max_sweeps
@@ -101,25 +106,47 @@ class Reaper:
         return describe(result, reaping=self.reaping, scheduling=self.scheduling)
 
     def sweep(self) -> Sweep:
-        """Run one sweep on a fresh or still-healthy connection."""
+        """Run one sweep of each database, on fresh or still-healthy connections.
+
+        A database that fails does not keep the others from their sweep; the first failure is
+        raised after them, and the next sweep tries it again.
+        """
         close_old_connections()
+        results: list[Sweep] = []
+        failure: DatabaseError | None = None
         try:
-            reaped = Todo.objects.reap_expired() if self.reaping else None
-            enqueued = schedules.run_due().enqueued if self.scheduling else 0
+            for alias in self.databases:
+                try:
+                    results.append(self._sweep(alias))
+                except DatabaseError as error:
+                    if len(self.databases) == 1 or not faults.is_outage(error):
+                        raise
+                    logger.warning("Database %r: %s", alias, faults.one_line(error))
+                    failure = failure or error
         finally:
             close_old_connections()
-        result = Sweep(
-            reaped.requeued if reaped else 0, reaped.dead_lettered if reaped else 0, enqueued
-        )
+        if failure is not None:
+            raise failure
+        result = Sweep(*(sum(column) for column in zip(Sweep(0, 0, 0), *results, strict=True)))
         if any(result):
             logger.info("%s: %s.", self.label, self.describe(result))
         else:
             logger.debug("%s: nothing.", self.label)
         return result
 
+    def _sweep(self, alias: str) -> Sweep:
+        """Reap and schedule in database `alias`."""
+        reaped = Todo.objects.db_manager(alias).reap_expired() if self.reaping else None
+        enqueued = schedules.run_due(using=alias).enqueued if self.scheduling else 0
+        return Sweep(
+            reaped.requeued if reaped else 0, reaped.dead_lettered if reaped else 0, enqueued
+        )
+
     def run(self) -> ReapTotals:
         """Sweep until stopped; raise ReaperError if the very first sweep fails."""
-        with faults.timeouts(router.db_for_write(Todo)):
+        with ExitStack() as stack:
+            for alias in self.databases:
+                stack.enter_context(faults.timeouts(alias))
             return self._run()
 
     def _run(self) -> ReapTotals:

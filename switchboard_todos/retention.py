@@ -33,6 +33,11 @@ class Purged:
     def total(self) -> int:
         return sum(self.counts.values())
 
+    def add(self, other: Purged) -> None:
+        """Count `other` (another database's purge) in with these."""
+        self.counts.update(other.counts)
+        self.batches += other.batches
+
 
 def purge(
     older_than: timedelta,
@@ -40,15 +45,17 @@ def purge(
     include_failed: bool = False,
     queues: Iterable[str] | None = None,
     batch_size: int = 1000,
+    using: str | None = None,
 ) -> Purged:
-    """Delete done (and dead-lettered) todos completed more than `older_than` ago, in batches."""
+    """Delete done (and dead-lettered) todos completed more than `older_than` ago, in batches,
+    from database `using` (the router's by default)."""
     if not 1 <= batch_size <= MAX_BATCH_SIZE:
         raise ValueError(f"batch_size must be between 1 and {MAX_BATCH_SIZE}, not {batch_size}.")
     params = _params(older_than, include_failed, queues)
     purged = Purged()
     after: datetime | None = None
     while True:
-        rows = _fetch("purge_batch", {**params, "limit": batch_size, "after": after})
+        rows = _fetch("purge_batch", {**params, "limit": batch_size, "after": after}, using)
         purged.batches += 1
         deleted = 0
         for queue, state, count, newest in rows:
@@ -65,9 +72,10 @@ def count_purgeable(
     *,
     include_failed: bool = False,
     queues: Iterable[str] | None = None,
+    using: str | None = None,
 ) -> Purged:
     """Count what `purge` would delete now, per queue and state, deleting nothing."""
-    rows = _fetch("count_purgeable", _params(older_than, include_failed, queues))
+    rows = _fetch("count_purgeable", _params(older_than, include_failed, queues), using)
     return Purged(counts=Counter({(queue, state): count for queue, state, count in rows}))
 
 
@@ -84,8 +92,8 @@ def _params(
     }
 
 
-def _fetch(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    with connections[router.db_for_write(Todo)].cursor() as cursor:
+def _fetch(name: str, params: dict[str, Any], using: str | None) -> list[tuple[Any, ...]]:
+    with connections[using or router.db_for_write(Todo)].cursor() as cursor:
         cursor.execute(queries[name], params)
         rows: list[tuple[Any, ...]] = cursor.fetchall()
     return rows

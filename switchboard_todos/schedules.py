@@ -39,7 +39,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
 
-from switchboard_todos import handlers, validation
+from switchboard_todos import handlers, placement, validation
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
 
@@ -238,17 +238,23 @@ class Pass:
 
 
 def run_due(*, using: str | None = None, now: datetime | None = None) -> Pass:
-    """Write the declarations to the table, then enqueue every tick due by `now`.
+    """Write the declarations of the queues that live in database `using` (the router's by
+    default) to its table, then enqueue every tick due by `now`.
 
-    `now` defaults to the database's clock; tests give their own. Safe to run anywhere at any
-    time: a tick another scheduler took is left to it.
+    A schedule lives beside its queue's todos, so that a tick's compare-and-set and its todo
+    are one statement. `now` defaults to the database's clock; tests give their own. Safe to
+    run anywhere at any time: a tick another scheduler took is left to it.
     """
     from switchboard_todos.models import Todo
 
-    schedules = declared()
+    alias = using or router.db_for_write(Todo)
+    schedules = {
+        name: schedule
+        for name, schedule in declared().items()
+        if placement.database_for(schedule.queue) == alias
+    }
     if not schedules:
         return Pass(0, 0)
-    alias = using or router.db_for_write(Todo)
     with connections[alias].cursor() as cursor:
         if now is None:
             cursor.execute("SELECT now()")

@@ -146,22 +146,28 @@ class QueueHealth:
 
 
 def queue_health(
-    queues: Iterable[str] | None = None, *, recent: timedelta = RECENT
+    queues: Iterable[str] | None = None,
+    *,
+    recent: timedelta = RECENT,
+    using: str | None = None,
 ) -> list[QueueHealth]:
-    """Return the health of every queue (or of `queues`), one row per queue, by name.
+    """Return the health of every queue (or of `queues`) of database `using` (the router's
+    by default), one row per queue, by name.
 
     The counts of todos finished within `recent` read every such todo: a day's worth on the
     health page, a few minutes' for the metrics, which are scraped every few seconds.
     """
     wanted = None if queues is None else list(queues)
-    with _cursor() as cursor:
+    with _cursor(using) as cursor:
         cursor.execute(_QUEUES, {"queues": wanted, "limit": VALUES_LIMIT, "recent": recent})
         return [QueueHealth(*row) for row in cursor.fetchall()]
 
 
-def distinct_values(column: Literal["queue", "assignee"], limit: int = VALUES_LIMIT) -> list[str]:
+def distinct_values(
+    column: Literal["queue", "assignee"], limit: int = VALUES_LIMIT, *, using: str | None = None
+) -> list[str]:
     """Return the distinct non-null values of an indexed column, in order, at most `limit`."""
-    with _cursor() as cursor:
+    with _cursor(using) as cursor:
         cursor.execute(
             _DISTINCT.format(column=column)
             + "SELECT value FROM found WHERE value IS NOT NULL LIMIT %(limit)s",
@@ -170,9 +176,11 @@ def distinct_values(column: Literal["queue", "assignee"], limit: int = VALUES_LI
         return [value for (value,) in cursor.fetchall()]
 
 
-def recent_kinds(recent: int = RECENT_TODOS, limit: int = VALUES_LIMIT) -> list[str]:
+def recent_kinds(
+    recent: int = RECENT_TODOS, limit: int = VALUES_LIMIT, *, using: str | None = None
+) -> list[str]:
     """Return the kinds among the newest `recent` todos: kind has no index to skip through."""
-    with _cursor() as cursor:
+    with _cursor(using) as cursor:
         cursor.execute(_RECENT_KINDS, {"recent": recent, "limit": limit})
         return [kind for (kind,) in cursor.fetchall()]
 
@@ -190,5 +198,5 @@ def format_age(age: timedelta) -> str:
     return " ".join(parts) or "0 s"
 
 
-def _cursor() -> Any:
-    return connections[router.db_for_read(Todo)].cursor()
+def _cursor(using: str | None) -> Any:
+    return connections[using or router.db_for_read(Todo)].cursor()

@@ -144,9 +144,10 @@ class VacuumHealth:
         }
 
 
-def vacuum_health() -> VacuumHealth:
-    """Read the horizon's holder and the table's dead rows: two reads of catalog views."""
-    with connections[router.db_for_read(Todo)].cursor() as cursor:
+def vacuum_health(using: str | None = None) -> VacuumHealth:
+    """Read the horizon's holder and the table's dead rows of database `using` (the router's
+    by default): two reads of catalog views."""
+    with connections[using or router.db_for_read(Todo)].cursor() as cursor:
         cursor.execute(_HORIZON)
         at, kind, *found = cursor.fetchone()
         cursor.execute(_TUPLES, [Todo._meta.db_table])

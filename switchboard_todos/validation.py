@@ -399,7 +399,8 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
 
     Arguments left at their default skip their check: batches call this once per row.
     `event_given_by_id` says whether the event was named by a str id, which the manager looks
-    up before inserting (a saved Event needs no lookup).
+    up before inserting (a saved Event needs no lookup), and `event_database` where a saved
+    Event was loaded from (a todo must live in its event's database).
     """
     if type(spec) is not dict and not isinstance(spec, Mapping):  # dict first: ABCs are slow
         raise InvalidTodo(f"a todo must be a mapping of arguments, not {type(spec).__name__}.")
@@ -439,6 +440,7 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         "concurrency_key": None if one_at_a_time is None else concurrency_key(one_at_a_time),
         "event_id": None if given_event is None else event(given_event),
         "event_given_by_id": isinstance(given_event, str),
+        "event_database": getattr(getattr(given_event, "_state", None), "db", None),
         "run_after": None if after is None else run_after(after),
     }
 

@@ -25,6 +25,7 @@ retried: no todo is lost, though one may run twice.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import secrets
@@ -33,13 +34,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 from inspect import iscoroutinefunction
 from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from switchboard_todos import faults, handlers, outcomes, validation
@@ -137,7 +139,9 @@ class Worker:
     `timeout` bounds a handler's run (a handler's own `@handler(timeout=)` wins): past it the
     attempt fails and a fresh runner thread replaces the hung one. `shutdown_timeout` bounds
     the drain after a stop: past it the todos still in hand are released, as by a second
-    SIGTERM.
+    SIGTERM. `databases` narrows the databases served (placement.py): by default each one a
+    named queue lives in, or with `*` each one that holds todos; a todo's outcome goes to the
+    database it was claimed from.
     """
 
     def __init__(
@@ -155,9 +159,11 @@ class Worker:
         max_seconds: float | None = None,
         timeout: float | timedelta | None = None,
         shutdown_timeout: float | timedelta | None = None,
+        databases: Iterable[str] | None = None,
     ) -> None:
-        self.selection = QueueSelection(queues, exclude=exclude_queues)
+        self.selection = QueueSelection(queues, exclude=exclude_queues, databases=databases)
         self.queues = self.selection.named
+        self.databases = self.selection.databases
         self.owner = validation.owner(owner if owner is not None else default_owner())
         self.ttl = validation.ttl(ttl).total_seconds()
         self.concurrency = validation.whole_number(concurrency, "concurrency", 1, 1000)
@@ -186,13 +192,14 @@ class Worker:
                 shutdown_timeout, "shutdown_timeout", maximum=timedelta(days=1), allow_zero=True
             ).total_seconds()
         )
-        self.database = router.db_for_write(Todo)
+        self._managers = {alias: Todo.objects.db_manager(alias) for alias in self.databases}
+        self._turns = itertools.count()
         self.stats = WorkerStats()
         self._prefetch_window = min(PREFETCH_WINDOW, self.ttl / 10)
         self._doorbell = Doorbell(
             self.queues, capacity=self.concurrency, wants=self.selection.wants
         )
-        self._listener: Listener | None = None
+        self._listeners: list[Listener] = []
         self._lock = threading.Lock()
         self._reserved = 0
         self._running: dict[str, _Held] = {}
@@ -202,7 +209,12 @@ class Worker:
         self._finished = threading.Event()
         self._handlers: dict[str, handlers.Handler] = {}
         self._crashed: list[str] = []
-        self._outage = faults.Outage(f"worker {self.owner}")
+        self._outages = {
+            alias: faults.Outage(
+                f"worker {self.owner}" + (f" (database {alias})" if len(self.databases) > 1 else "")
+            )
+            for alias in self.databases
+        }
 
     # Running and stopping
 
@@ -210,15 +222,19 @@ class Worker:
         """Work until stopped; return what was done. A Worker runs once."""
         handlers.autodiscover()
         logger.info(
-            "worker %s: queues %s, concurrency %d, ttl %gs, %s",
+            "worker %s: queues %s, concurrency %d, ttl %gs, %s%s",
             self.owner,
             self.selection,
             self.concurrency,
             self.ttl,
             "listening" if self.listen else "polling",
+            f", databases {','.join(self.databases)}" if len(self.databases) > 1 else "",
         )
         heartbeat = threading.Thread(target=self._heartbeats, name="todo-heartbeat", daemon=True)
-        with faults.timeouts(self.database), Shutdown(every_signal=True) as signals:
+        with ExitStack() as stack:
+            for alias in self.databases:
+                stack.enter_context(faults.timeouts(alias))
+            signals = stack.enter_context(Shutdown(every_signal=True))
             self._work(heartbeat, signals)
         logger.info("worker %s stopped: %s", self.owner, self.stats)
         if self._crashed:
@@ -231,8 +247,10 @@ class Worker:
     def _work(self, heartbeat: threading.Thread, signals: Shutdown) -> None:
         try:
             if self.listen:
-                self._listener = Listener(self.database)
-                self._listener.subscribe(self._doorbell)
+                for alias in self.databases:
+                    listener = Listener(alias)
+                    self._listeners.append(listener)
+                    listener.subscribe(self._doorbell)
             heartbeat.start()
             for runner in self._runners:
                 self._start(runner)
@@ -241,8 +259,8 @@ class Worker:
             self._finished.set()
             if heartbeat.is_alive():
                 heartbeat.join()
-            if self._listener is not None:
-                self._listener.stop()
+            for listener in self._listeners:
+                listener.stop()
 
     def _start(self, runner: _Runner) -> None:
         # Daemons: the runners of an aborted worker, or abandoned ones, may still be inside a
@@ -327,7 +345,7 @@ class Worker:
     # A runner thread
 
     def _run_runner(self, runner: _Runner) -> None:
-        schedule = PollSchedule(self.poll_interval, self._listener)
+        schedule = PollSchedule(self.poll_interval, self._listeners)
         try:
             while not self._stopping.is_set():
                 if not runner.batch:
@@ -367,7 +385,7 @@ class Worker:
             return None
         leased_at = time.monotonic()
         try:
-            todos = self._with_reconnect("claim", self._claim_batch, limit, tries=1)
+            todos = self._claim_batch(limit)
         except faults.DatabaseUnavailable as unavailable:
             self._reserve(-limit)
             self._stopping.wait(unavailable.delay)
@@ -385,9 +403,34 @@ class Worker:
         return todos
 
     def _claim_batch(self, limit: int) -> list[Todo]:
-        """Claim up to `limit` todos from the queues served now (none yet, with '*': [])."""
-        queues = self.selection.current(self.database)
-        return Todo.objects.claim_batch(queues, self.owner, self.ttl, limit) if queues else []
+        """Claim up to `limit` todos from the queues served now (none yet, with '*': []).
+
+        With several databases, each claim starts at the next one in turn and goes on to the
+        others while it finds nothing, so a busy database starves none; one that is down is
+        passed over, and DatabaseUnavailable is raised only when every one is.
+        """
+        databases = self.databases
+        start = next(self._turns) % len(databases)
+        unavailable: list[faults.DatabaseUnavailable] = []
+        for alias in databases[start:] + databases[:start]:
+            try:
+                todos = self._with_reconnect(
+                    "claim", self._claim_from, alias, limit, tries=1, database=alias
+                )
+            except faults.DatabaseUnavailable as error:
+                unavailable.append(error)
+                continue
+            if todos:
+                return todos
+        if len(unavailable) == len(databases):
+            raise unavailable[0]
+        return []
+
+    def _claim_from(self, alias: str, limit: int) -> list[Todo]:
+        queues = self.selection.current(alias)
+        if not queues:
+            return []
+        return self._managers[alias].claim_batch(queues, self.owner, self.ttl, limit)
 
     def _reserve(self, count: int) -> int:
         """Take up to `count` claims from the `max_todos` budget (give back with < 0)."""
@@ -464,10 +507,24 @@ class Worker:
     # Storing outcomes
 
     def _flush(self, runner: _Runner) -> None:
-        """Acknowledge the runner's finished todos with one `complete_many`."""
+        """Acknowledge the runner's finished todos with one `complete_many` per database."""
         if not runner.acks:
             return
         acks, runner.acks = runner.acks, {}
+        if len(self.databases) == 1:
+            self._flush_database(runner, self.databases[0], acks)
+            return
+        by_database: dict[str, dict[str, tuple[_Held, Any, float]]] = {}
+        for todo_id, ack in acks.items():
+            by_database.setdefault(_database(ack[0].todo), {})[todo_id] = ack
+        for alias, database_acks in by_database.items():
+            self._flush_database(runner, alias, database_acks)
+
+    def _flush_database(
+        self, runner: _Runner, alias: str, acks: dict[str, tuple[_Held, Any, float]]
+    ) -> None:
+        """Acknowledge finished todos of database `alias` with one `complete_many`."""
+        manager = self._managers[alias]
         results = {
             todo_id: value
             for todo_id, (held, value, _) in acks.items()
@@ -476,7 +533,7 @@ class Worker:
         try:
             stored = set(
                 self._with_reconnect(
-                    "complete_many", Todo.objects.complete_many, self.owner, results
+                    "complete_many", manager.complete_many, self.owner, results, database=alias
                 )
             )
         except faults.DatabaseUnavailable:
@@ -489,7 +546,7 @@ class Worker:
             logger.warning(
                 "worker %s: a batch acknowledgement was refused", self.owner, exc_info=True
             )
-            stored = self._complete_each(runner, acks, results)
+            stored = self._complete_each(runner, alias, acks, results)
         with self._lock:
             self.stats.done += len(stored)
         for todo_id, (held, value, seconds) in acks.items():
@@ -504,14 +561,19 @@ class Worker:
             self._finished_hook(held, todo)
 
     def _complete_each(
-        self, runner: _Runner, acks: dict[str, tuple[_Held, Any, float]], results: dict[str, Any]
+        self,
+        runner: _Runner,
+        alias: str,
+        acks: dict[str, tuple[_Held, Any, float]],
+        results: dict[str, Any],
     ) -> set[str]:
         """Complete `results` one by one; a refused one fails its todo and leaves `acks`."""
         stored = set()
+        complete = self._managers[alias].complete
         for todo_id, value in results.items():
             try:
                 self._with_reconnect(
-                    "complete", Todo.objects.complete, todo_id, self.owner, value, tries=1
+                    "complete", complete, todo_id, self.owner, value, tries=1, database=alias
                 )
             except (TodoConflict, TodoNotFound):
                 continue  # lost: reported with the others
@@ -563,9 +625,11 @@ class Worker:
 
     def _store_failure(self, todo: Todo, error: BaseException) -> Todo:
         """Fail `todo` with the error's detail, or a fixed-shape one if that is refused."""
+        alias = _database(todo)
+        fail = self._managers[alias].fail
         try:
             return self._with_reconnect(
-                "fail", Todo.objects.fail, todo.id, self.owner, outcomes.error_detail(error)
+                "fail", fail, todo.id, self.owner, outcomes.error_detail(error), database=alias
             )
         except (TodoConflict, TodoNotFound, faults.DatabaseUnavailable):
             raise
@@ -573,10 +637,11 @@ class Worker:
             logger.warning("todo %s: its error detail was refused", todo.id, exc_info=True)
             return self._with_reconnect(
                 "fail",
-                Todo.objects.fail,
+                fail,
                 todo.id,
                 self.owner,
                 outcomes.fallback_error(error, refusal),
+                database=alias,
             )
 
     def _finished_hook(self, held: _Held, stored: Todo) -> None:
@@ -597,7 +662,10 @@ class Worker:
 
     def _release(self, held: _Held) -> None:
         try:
-            self._with_reconnect("release", Todo.objects.release, held.todo.id, self.owner)
+            alias = _database(held.todo)
+            self._with_reconnect(
+                "release", self._managers[alias].release, held.todo.id, self.owner, database=alias
+            )
         except (TodoConflict, TodoNotFound, faults.DatabaseUnavailable):
             return  # done or lost meanwhile, or the lease lapses by itself
         with self._lock:
@@ -638,33 +706,40 @@ class Worker:
                 for todo_id, held in list(self._running.items())
                 if not held.lost and not held.released and now - held.leased_at >= every
             }
-            if due:
-                try:
-                    beats = self._with_reconnect(
-                        "heartbeat",
-                        Todo.objects.heartbeat_many,
-                        self.owner,
-                        self.ttl,
-                        list(due),
-                        tries=1,
-                    )
-                except faults.DatabaseUnavailable:
-                    pass  # the next beat tries again
-                else:
-                    for todo_id in beats.extended:
-                        due[todo_id].leased_at = now
-                    for todo_id in beats.lost:
-                        due[todo_id].lost = True
-                        logger.warning("todo %s: lease lost to another worker", todo_id)
-                    if skipped := len(due) - len(beats.extended) - len(beats.lost):
-                        logger.info(
-                            "worker %s: %d todos locked by another session; their leases are "
-                            "extended at the next beat",
-                            self.owner,
-                            skipped,
-                        )
+            by_database: dict[str, dict[str, _Held]] = {}
+            for todo_id, held in due.items():
+                by_database.setdefault(_database(held.todo), {})[todo_id] = held
+            for alias, database_due in by_database.items():
+                self._beat_database(alias, database_due, now)
             self._watch_handlers()
             self._release_stuck_batches()
+
+    def _beat_database(self, alias: str, due: dict[str, _Held], now: float) -> None:
+        """One `heartbeat_many` for the todos of database `alias` due a beat."""
+        try:
+            beats = self._with_reconnect(
+                "heartbeat",
+                self._managers[alias].heartbeat_many,
+                self.owner,
+                self.ttl,
+                list(due),
+                tries=1,
+                database=alias,
+            )
+        except faults.DatabaseUnavailable:
+            return  # the next beat tries again
+        for todo_id in beats.extended:
+            due[todo_id].leased_at = now
+        for todo_id in beats.lost:
+            due[todo_id].lost = True
+            logger.warning("todo %s: lease lost to another worker", todo_id)
+        if skipped := len(due) - len(beats.extended) - len(beats.lost):
+            logger.info(
+                "worker %s: %d todos locked by another session; their leases are "
+                "extended at the next beat",
+                self.owner,
+                skipped,
+            )
 
     def _watch_handlers(self) -> None:
         """Fail each todo whose handler ran past its timeout; warn of long ones without one."""
@@ -746,9 +821,9 @@ class Worker:
                 self._release_batch(runner)
 
     def _with_reconnect(
-        self, what: str, call: Callable[..., T], *args: Any, tries: int = _DB_TRIES
+        self, what: str, call: Callable[..., T], *args: Any, database: str, tries: int = _DB_TRIES
     ) -> T:
-        """Run `call`; on a fault of the database, reconnect and try again, `tries` in all.
+        """Run `call` on `database`; on a fault of it, reconnect and try again, `tries` in all.
 
         Raises DatabaseUnavailable when the last try fails. Other errors are the statement's
         own and pass through. A retry may repeat a statement that did commit: every one used
@@ -761,14 +836,14 @@ class Worker:
             except DatabaseError as error:
                 if not faults.is_outage(error):
                     raise
-                connections[self.database].close()
-                delay = self._outage.failed(what, error)
+                connections[database].close()
+                delay = self._outages[database].failed(what, error)
                 attempt += 1
                 if attempt >= tries:
                     raise faults.DatabaseUnavailable(what, delay) from error
                 time.sleep(min(delay, 0.1 * 2**attempt))
             else:
-                self._outage.passed()
+                self._outages[database].passed()
                 return result
 
 
@@ -793,3 +868,8 @@ def _log(
         outcome,
         detail,
     )
+
+
+def _database(todo: Todo) -> str:
+    """The database a claimed todo came from, where its outcome goes."""
+    return str(todo._state.db)

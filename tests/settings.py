@@ -17,6 +17,11 @@ TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
 
 DATABASES = {"default": env.db_url_config(ensure_database_url())}
+# A second database on the same server. It holds todos only where tests/test_databases.py
+# places queues in it (SWITCHBOARD_TODOS_QUEUE_DATABASES, empty here), and its test database is
+# made only when a test asks for it.
+DATABASES["eu"] = {**DATABASES["default"], "NAME": f"{DATABASES['default']['NAME']}_eu"}
+DATABASE_ROUTERS = ["switchboard_todos.placement.QueueRouter"]
 # The live-server tests run uvicorn with a small pool, as docs/agents.md advises.
 if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": pool_size}

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 from switchboard_todos import listen
 from switchboard_todos.exceptions import InvalidTodo
-from switchboard_todos.managers import _run_now
+from switchboard_todos.managers import run_now
 from switchboard_todos.models import Todo
 from tests.helpers import wait_until
 
@@ -137,7 +137,7 @@ def test_the_blocking_claim_refuses_code_that_would_suspend() -> None:
         await asyncio.sleep(0)
 
     with pytest.raises(RuntimeError, match="suspended"):
-        _run_now(suspends())
+        run_now(suspends())
 
 
 @pytest.mark.django_db(transaction=True)

@@ -74,7 +74,7 @@ def test_the_metrics_count_each_queue_and_state(busy: None, client: Client, sett
         "switchboard_todos_table_dead_tuples",
         "switchboard_todos_table_live_tuples",
     ]:
-        assert found[name, ()] >= 0
+        assert found[name, (("database", "default"),)] >= 0
 
 
 def test_a_scrape_costs_the_same_queries_whatever_the_rows(

@@ -13,6 +13,7 @@ from switchboard_todos.models import Todo
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.django_db(databases=["default", "eu"])  # it reads each database's history
 def test_models_and_migrations_agree() -> None:
     """makemigrations --check finds nothing to do."""
     call_command("makemigrations", "switchboard_todos", "--check", "--dry-run", stdout=StringIO())

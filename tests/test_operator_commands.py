@@ -131,10 +131,12 @@ def test_todo_stats_json(busy_queues: dict[str, Todo]) -> None:
     """--json gives every number, the age in seconds, and the database time."""
     out, _ = run("todo_stats", "--json", "--queue", "mail")
     report = json.loads(out)
-    assert set(report) == {"at", "queues", "vacuum"}
+    assert set(report) == {"at", "queues", "vacuum", "databases"}
+    assert report["databases"] == {"default": {"vacuum": report["vacuum"]}}
     assert report["queues"][0].pop("oldest_ready_age") == 1800
     assert report["queues"] == [
         {
+            "database": "default",
             "queue": "mail",
             "ready": 2,
             "scheduled": 1,

@@ -149,5 +149,5 @@ def test_the_metrics_give_the_holders_age(
 ) -> None:
     """At least the 0.2 s the holder waited in the database after it began, by its clock."""
     found = samples(scrape(client, settings))
-    assert found["switchboard_todos_xmin_horizon_age_seconds", ()] >= 0.2
-    assert found["switchboard_todos_xmin_horizon_xids", ()] >= 0
+    assert found["switchboard_todos_xmin_horizon_age_seconds", (("database", "default"),)] >= 0.2
+    assert found["switchboard_todos_xmin_horizon_xids", (("database", "default"),)] >= 0

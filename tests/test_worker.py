@@ -330,7 +330,8 @@ def test_a_slow_handler_does_not_hold_the_todos_batched_behind_it(
 def test_a_notification_wakes_an_idle_worker(background: Callable[[Worker], Background]) -> None:
     """An idle listening worker claims new work at once, though it would poll once a minute."""
     running = background(Worker(poll_interval=60, max_todos=1))
-    wait_until(lambda: running.worker._listener and running.worker._listener.listening, "LISTEN")
+    listeners = running.worker._listeners
+    wait_until(lambda: listeners and all(each.listening for each in listeners), "LISTEN")
     time.sleep(0.2)  # let the runner make its first, empty claim and go to sleep
     enqueued = time.monotonic()
     Todo.objects.create_todo(kind="test.noop")
@@ -343,7 +344,7 @@ def test_without_listen_the_worker_polls(background: Callable[[Worker], Backgrou
     running = background(Worker(listen=False, poll_interval=0.1, max_todos=1))
     Todo.objects.create_todo(kind="test.noop")
     assert running.join().done == 1
-    assert running.worker._listener is None
+    assert running.worker._listeners == []
 
 
 def test_max_seconds_stops_an_idle_worker() -> None:

@@ -25,6 +25,7 @@ from django.utils.formats import localize
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from switchboard_todos.admin import databases
 from switchboard_todos.admin.base import JSON_COLUMNS, TodoModelAdmin
 from switchboard_todos.admin.filters import active_filters
 from switchboard_todos.admin.pagination import capped_count
@@ -58,18 +59,18 @@ class Operation:
     """The LogEntry message for one changed todo."""
 
 
-def _requeue_operation() -> Operation:
+def _requeue_operation(using: str) -> Operation:
     return Operation(
         *REPAIRS["requeue"],
-        run=Todo.objects.requeue_many,
+        run=Todo.objects.db_manager(using).requeue_many,
         log=lambda todo: "Requeued: dead letter back to pending, attempts reset.",
     )
 
 
-def _expire_operation() -> Operation:
+def _expire_operation(using: str) -> Operation:
     return Operation(
         *REPAIRS["expire_lease"],
-        run=Todo.objects.expire_lease_many,
+        run=Todo.objects.db_manager(using).expire_lease_many,
         log=lambda todo: (
             f"Expired the lease held by {todo.owner} "
             f"(attempt {todo.attempt} of {todo.max_attempts})."
@@ -77,18 +78,18 @@ def _expire_operation() -> Operation:
     )
 
 
-def _dead_letter_operation(reason: str) -> Operation:
+def _dead_letter_operation(using: str, reason: str) -> Operation:
     return Operation(
         *REPAIRS["dead_letter"],
-        run=lambda ids: Todo.objects.dead_letter_many(ids, reason),
+        run=lambda ids: Todo.objects.db_manager(using).dead_letter_many(ids, reason),
         log=lambda todo: f"Dead-lettered (cancelled) while pending: {reason}",
     )
 
 
-def _set_priority_operation(priority: int) -> Operation:
+def _set_priority_operation(using: str, priority: int) -> Operation:
     return Operation(
         *REPAIRS["set_priority"],
-        run=lambda ids: Todo.objects.set_priority_many(ids, priority),
+        run=lambda ids: Todo.objects.db_manager(using).set_priority_many(ids, priority),
         log=lambda todo: f"Priority set to {priority} while pending.",
     )
 
@@ -146,14 +147,14 @@ class TodoActions(TodoModelAdmin):
         description=_("Requeue selected dead letters (back to pending, attempts reset)"),
     )
     def requeue_selected(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
-        self.run_operation(request, queryset, _requeue_operation())
+        self.run_operation(request, queryset, _requeue_operation(queryset.db))
 
     @admin.action(
         permissions=["expire_lease"],
         description=_("Expire the lease of selected claimed todos (they come back now)"),
     )
     def expire_lease_selected(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
-        self.run_operation(request, queryset, _expire_operation())
+        self.run_operation(request, queryset, _expire_operation(queryset.db))
 
     @admin.action(
         permissions=["dead_letter"],
@@ -165,7 +166,9 @@ class TodoActions(TodoModelAdmin):
         form = DeadLetterForm(request.POST if "post" in request.POST else None)
         if form.is_valid():
             self.run_operation(
-                request, queryset, _dead_letter_operation(form.cleaned_data["reason"])
+                request,
+                queryset,
+                _dead_letter_operation(queryset.db, form.cleaned_data["reason"]),
             )
             return None
         return self._confirm(
@@ -182,7 +185,9 @@ class TodoActions(TodoModelAdmin):
         form = SetPriorityForm(request.POST if "post" in request.POST else None)
         if form.is_valid():
             self.run_operation(
-                request, queryset, _set_priority_operation(form.cleaned_data["priority"])
+                request,
+                queryset,
+                _set_priority_operation(queryset.db, form.cleaned_data["priority"]),
             )
             return None
         return self._confirm(request, queryset, form, "set_priority", _("Set the priority"))
@@ -299,6 +304,7 @@ class TodoActions(TodoModelAdmin):
         obj: Todo | None = None,
     ) -> HttpResponse:
         """Offer, as buttons, the repairs the todo's state allows and the user may make."""
+        context["database_query"] = databases.query(request)
         context["repairs"] = [
             (f"{transition.name}_selected", repair.label, repair.explanation)
             for transition, repair in REPAIRS.values()
@@ -322,7 +328,7 @@ class TodoActions(TodoModelAdmin):
         dead = changelist.get_queryset(request).filter(state__in=TRANSITIONS["requeue"].from_states)
         back = reverse("admin:switchboard_todos_todo_changelist") + changelist.get_query_string()
         if request.method == "POST":
-            self.run_operation(request, dead, _requeue_operation())
+            self.run_operation(request, dead, _requeue_operation(dead.db))
             return HttpResponseRedirect(back)
         context = {
             **self.admin_site.each_context(request),

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from switchboard_todos import stats
+from switchboard_todos.admin import databases
 from switchboard_todos.models import State
 
 
@@ -64,11 +65,11 @@ class PriorityFilter(admin.SimpleListFilter):
 class ValuesFilter(admin.SimpleListFilter):
     """An exact-match filter whose choices are read cheaply (`values`), plus the chosen one."""
 
-    def values(self) -> list[str]:
+    def values(self, using: str) -> list[str]:
         raise NotImplementedError
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        found = self.values()
+        found = self.values(databases.chosen(request))
         chosen = self.value()
         if chosen and chosen not in found:
             found.append(chosen)
@@ -83,16 +84,16 @@ class QueueFilter(ValuesFilter):
     title = _("queue")
     parameter_name = "queue"
 
-    def values(self) -> list[str]:
-        return stats.distinct_values("queue")
+    def values(self, using: str) -> list[str]:
+        return stats.distinct_values("queue", using=using)
 
 
 class KindFilter(ValuesFilter):
     title = _("kind (among the newest 10,000 todos)")
     parameter_name = "kind"
 
-    def values(self) -> list[str]:
-        return stats.recent_kinds()
+    def values(self, using: str) -> list[str]:
+        return stats.recent_kinds(using=using)
 
 
 class AssigneeFilter(ValuesFilter):
@@ -100,8 +101,8 @@ class AssigneeFilter(ValuesFilter):
     parameter_name = "assignee"
     UNASSIGNED = "-"
 
-    def values(self) -> list[str]:
-        return stats.distinct_values("assignee")
+    def values(self, using: str) -> list[str]:
+        return stats.distinct_values("assignee", using=using)
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [

@@ -1,9 +1,12 @@
-"""The queue health page: per-queue counts and a chart of them, and who holds back vacuum.
+"""The queue health page: per-queue counts and a chart of them, and who holds back vacuum; with
+queues in several databases, one line per database above them (`?database=` picks the one shown).
 
 Below them, the repairs the user may make (transitions.py), each linked to the todos it applies to.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -11,7 +14,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
-from switchboard_todos import stats, vacuum
+from switchboard_todos import placement, stats, vacuum
+from switchboard_todos.admin import databases
 from switchboard_todos.admin.actions import may_repair
 from switchboard_todos.admin.base import TodoModelAdmin
 from switchboard_todos.admin.chart import HealthChart
@@ -24,8 +28,9 @@ class HealthPage(TodoModelAdmin):
     def health_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        rows = stats.queue_health()
-        health = vacuum.vacuum_health()
+        alias = databases.chosen(request)
+        rows = stats.queue_health(using=alias)
+        health = vacuum.vacuum_health(alias)
         context = {
             **self.admin_site.each_context(request),
             "title": _("Queue health"),
@@ -35,6 +40,9 @@ class HealthPage(TodoModelAdmin):
             "chart": HealthChart(rows),
             "now": health.at,
             "vacuum": health,
+            "database": alias,
+            "database_query": databases.query(request),
+            "databases": _summaries(alias, rows),
             "repairs": [
                 (State(state), repair)
                 for transition, repair in REPAIRS.values()
@@ -43,3 +51,36 @@ class HealthPage(TodoModelAdmin):
             ],
         }
         return TemplateResponse(request, "admin/switchboard_todos/todo/health.html", context)
+
+
+@dataclass(frozen=True)
+class DatabaseSummary:
+    """One database's line on the health page: its queues' counts, summed."""
+
+    alias: str
+    queues: int
+    ready: int
+    claimed: int
+    lease_expired: int
+    dead: int
+
+
+def _summaries(shown: str, shown_rows: list[stats.QueueHealth]) -> list[DatabaseSummary]:
+    """Each database's summary, when todos live in more than one; else none."""
+    aliases = placement.todo_databases()
+    if len(aliases) < 2:
+        return []
+    summaries = []
+    for alias in aliases:
+        rows = shown_rows if alias == shown else stats.queue_health(using=alias)
+        summaries.append(
+            DatabaseSummary(
+                alias,
+                len(rows),
+                sum(row.ready for row in rows),
+                sum(row.claimed for row in rows),
+                sum(row.lease_expired for row in rows),
+                sum(row.dead for row in rows),
+            )
+        )
+    return summaries

@@ -23,8 +23,10 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
+from switchboard_todos.admin import databases
 from switchboard_todos.admin.actions import TodoActions
 from switchboard_todos.admin.base import JSON_COLUMNS, ReadOnly, RefusesNul
+from switchboard_todos.admin.databases import DatabaseFilter
 from switchboard_todos.admin.dates import AdminTodoQuerySet
 from switchboard_todos.admin.display import event_link, failure_table, pretty_json
 from switchboard_todos.admin.filters import (
@@ -67,6 +69,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
         "created_at",
     ]
     list_filter = [
+        DatabaseFilter,
         "state",
         AttentionFilter,
         PriorityFilter,
@@ -155,7 +158,8 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Todo]:
         lapsed = ExpressionWrapper(Q(lease_expires_at__lte=Now()), output_field=BooleanField())
-        queryset = AdminTodoQuerySet(Todo, using=Todo.objects.db).annotate(lease_lapsed=lapsed)
+        queryset = AdminTodoQuerySet(Todo, using=databases.chosen(request))
+        queryset = queryset.annotate(lease_lapsed=lapsed)
         return queryset.order_by(*self.get_ordering(request))
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:

@@ -11,6 +11,10 @@ checked here and nowhere else:
   holds; any other todo answers exactly as an unknown id does (TodoNotFound), so that an
   agent cannot learn what other queues hold.
 
+With queues in several databases (placement.py), an agent's verbs run in the databases its
+claim queues live in: a todo id is looked for in each, a list merges theirs, and a claim takes
+from each in turn.
+
 Every function has an `a`-prefixed async twin; `aclaim` waits for work on the LISTEN path
 without holding a thread.
 """
@@ -19,7 +23,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
@@ -28,7 +34,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections, router
 from django.db.models import Q
 
-from switchboard_todos import cursors, validation
+from switchboard_todos import cursors, placement, validation
 from switchboard_todos.agents import tokens
 from switchboard_todos.exceptions import (
     InvalidTodo,
@@ -37,6 +43,7 @@ from switchboard_todos.exceptions import (
     TodoConflict,
     TodoNotFound,
 )
+from switchboard_todos.managers import TodoManager, run_now
 from switchboard_todos.models import Agent, State, Todo
 from switchboard_todos.sql import agent_queries
 from switchboard_todos.validation import Seconds
@@ -46,6 +53,8 @@ R = TypeVar("R")
 
 #: Longest claim `wait`, in seconds: SQS's limit, and below MCP clients' request timeouts.
 MAX_WAIT = 20
+#: Longest wait in one database of a claim from queues of several (see `_claim_across`).
+ACROSS_WAIT = 1.0
 #: Most todos one claim takes.
 MAX_CLAIM_LIMIT = 10
 #: Most todos one page of `list_todos` holds, and how many without a `limit`.
@@ -121,7 +130,11 @@ def list_todos(
     if cursor is not None:
         after, after_id = _decode_cursor(cursor)
         todos = todos.filter(Q(created_at__gt=after) | Q(created_at=after, id__gt=after_id))
-    page = list(todos.order_by("created_at", "id")[: size + 1])
+    todos = todos.order_by("created_at", "id")
+    page = sorted(
+        (todo for alias in _databases(agent) for todo in todos.using(alias)[: size + 1]),
+        key=lambda todo: (todo.created_at, todo.id),
+    )
     if len(page) <= size:
         return Page(page, None)
     last = page[size - 1]
@@ -131,10 +144,11 @@ def list_todos(
 def get_todo(agent: Agent, todo_id: str) -> Todo:
     """One todo the agent may see."""
     checked = _todo_id(todo_id)
-    found = list(Todo.objects.filter(_visible_to(agent), pk=checked)[:1])
-    if not found:
-        raise TodoNotFound(checked)
-    return found[0]
+    for alias in _databases(agent):
+        found = list(Todo.objects.using(alias).filter(_visible_to(agent), pk=checked)[:1])
+        if found:
+            return found[0]
+    raise TodoNotFound(checked)
 
 
 # Claiming
@@ -157,7 +171,10 @@ def claim(
     if todo_id is not None:
         return [_claim_one(agent, queues, todo_id, ttl, wait, limit)]
     names, seconds, count = _claim_arguments(agent, queues, wait, limit)
-    return Todo.objects.claim_batch(names, agent.name, ttl, count, wait=seconds)
+    placed = placement.by_database(names)
+    if len(placed) == 1:
+        return Todo.objects.claim_batch(names, agent.name, ttl, count, wait=seconds)
+    return run_now(_claim_across(agent, placed, ttl, seconds, count, blocking=True))
 
 
 async def aclaim(
@@ -174,7 +191,57 @@ async def aclaim(
         one = await sync_to_async(_claim_one)(agent, queues, todo_id, ttl, wait, limit)
         return [one]
     names, seconds, count = _claim_arguments(agent, queues, wait, limit)
-    return await Todo.objects.aclaim_batch(names, agent.name, ttl, count, wait=seconds)
+    placed = placement.by_database(names)
+    if len(placed) == 1:
+        return await Todo.objects.aclaim_batch(names, agent.name, ttl, count, wait=seconds)
+    return await _claim_across(agent, placed, ttl, seconds, count, blocking=False)
+
+
+async def _claim_across(
+    agent: Agent,
+    placed: dict[str, list[str]],
+    ttl: Seconds,
+    seconds: float,
+    count: int,
+    *,
+    blocking: bool,
+) -> list[Todo]:
+    """A claim from queues of several databases: from each in turn without waiting; then,
+    while `seconds` last, a wait of at most ACROSS_WAIT in each database in turn (woken at once
+    by its notifications), so a todo in another one waits at most ACROSS_WAIT.
+
+    `blocking` waits on this thread (run with `run_now`); otherwise suspended, as `aclaim`.
+    """
+    deadline = time.monotonic() + seconds
+    turns = itertools.cycle(placed.items())
+    while True:
+        if blocking:
+            claimed = _claim_each(agent, placed, ttl, count)
+        else:
+            claimed = await sync_to_async(_claim_each)(agent, placed, ttl, count)
+        remaining = deadline - time.monotonic()
+        if claimed or remaining <= 0:
+            return claimed
+        alias, names = next(turns)
+        todos, wait = Todo.objects.db_manager(alias), min(remaining, ACROSS_WAIT)
+        if blocking:
+            claimed = todos.claim_batch(names, agent.name, ttl, count, wait=wait)
+        else:
+            claimed = await todos.aclaim_batch(names, agent.name, ttl, count, wait=wait)
+        if claimed:
+            return claimed
+
+
+def _claim_each(agent: Agent, placed: dict[str, list[str]], ttl: Seconds, count: int) -> list[Todo]:
+    """Claim up to `count` from each database's queues in turn, until `count` are claimed."""
+    claimed: list[Todo] = []
+    for alias, names in placed.items():
+        if len(claimed) >= count:
+            break
+        claimed += Todo.objects.db_manager(alias).claim_batch(
+            names, agent.name, ttl, count - len(claimed)
+        )
+    return claimed
 
 
 def _claim_arguments(
@@ -202,9 +269,10 @@ def _claim_one(
         raise InvalidTodo("wait and limit apply to claims from queues, not to a claim by id.")
     checked = _todo_id(todo_id)
     candidates = Todo.objects.filter(_claimable_by(agent), queue__in=agent.claim_queues)
-    if not candidates.filter(pk=checked).exists():
-        raise TodoNotFound(checked)
-    return Todo.objects.claim(checked, agent.name, ttl)
+    for alias in _databases(agent):
+        if candidates.using(alias).filter(pk=checked).exists():
+            return Todo.objects.db_manager(alias).claim(checked, agent.name, ttl)
+    raise TodoNotFound(checked)
 
 
 # The holder's verbs
@@ -213,38 +281,50 @@ def _claim_one(
 def heartbeat(agent: Agent, todo_id: str, ttl: Seconds) -> Todo:
     """Extend the lease on a todo the agent holds to `ttl` from now."""
     return _as_holder(
-        agent, todo_id, lambda checked: Todo.objects.heartbeat(checked, agent.name, ttl)
+        agent, todo_id, lambda todos, checked: todos.heartbeat(checked, agent.name, ttl)
     )
 
 
 def complete(agent: Agent, todo_id: str, result: Any = None) -> Todo:
     """Mark a todo the agent holds done, with `result` (any JSON value)."""
     return _as_holder(
-        agent, todo_id, lambda checked: Todo.objects.complete(checked, agent.name, result)
+        agent, todo_id, lambda todos, checked: todos.complete(checked, agent.name, result)
     )
 
 
 def fail(agent: Agent, todo_id: str, error: Any = None, retry_in: Seconds | None = None) -> Todo:
     """Record a failed attempt: retried after a backoff (or `retry_in`), dead letter at the cap."""
     return _as_holder(
-        agent, todo_id, lambda checked: Todo.objects.fail(checked, agent.name, error, retry_in)
+        agent, todo_id, lambda todos, checked: todos.fail(checked, agent.name, error, retry_in)
     )
 
 
 def release(agent: Agent, todo_id: str, delay: Seconds | None = None) -> Todo:
     """Give the lease back, claimable again after `delay`; the attempt is not counted."""
     return _as_holder(
-        agent, todo_id, lambda checked: Todo.objects.release(checked, agent.name, delay)
+        agent, todo_id, lambda todos, checked: todos.release(checked, agent.name, delay)
     )
 
 
-def _as_holder(agent: Agent, todo_id: str, transition: Callable[[str], Todo]) -> Todo:
-    """Run a holder's transition; a conflict over a todo the agent may not see is a 404."""
+def _as_holder(agent: Agent, todo_id: str, transition: Callable[[TodoManager, str], Todo]) -> Todo:
+    """Run a holder's transition; a conflict over a todo the agent may not see is a 404.
+
+    With several databases, the todo is first looked for (one query per database).
+    """
     checked = _todo_id(todo_id)
+    aliases = _databases(agent)
+    if len(aliases) > 1:
+        found = [
+            alias for alias in aliases if Todo.objects.using(alias).filter(pk=checked).exists()
+        ]
+        if not found:
+            raise TodoNotFound(checked)
+        aliases = found
+    todos = Todo.objects.db_manager(aliases[0])
     try:
-        return transition(checked)
+        return transition(todos, checked)
     except TodoConflict:
-        if not Todo.objects.filter(_visible_to(agent), pk=checked).exists():
+        if not todos.filter(_visible_to(agent), pk=checked).exists():
             raise TodoNotFound(checked) from None
         raise
 
@@ -290,6 +370,11 @@ def create_for(
 
 
 # Shared checks
+
+
+def _databases(agent: Agent) -> list[str]:
+    """The databases the agent's claim queues live in (the router's, if it has none)."""
+    return list(placement.by_database(agent.claim_queues)) or [router.db_for_write(Todo)]
 
 
 def _claimable_by(agent: Agent) -> Q:

@@ -1,4 +1,4 @@
-"""What the operator commands (todo_stats, requeue_todos) share: help with examples, --queue."""
+"""What the operator commands share: help with examples, --queue, --database."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import textwrap
 from argparse import ArgumentParser, RawDescriptionHelpFormatter
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from switchboard_todos import placement
 from switchboard_todos.management.cli import queue_name
 
 
@@ -29,3 +30,21 @@ def add_queue_argument(parser: ArgumentParser, help: str) -> None:
     parser.add_argument(
         "--queue", action="append", type=queue_name, dest="queues", metavar="QUEUE", help=help
     )
+
+
+def add_database_argument(parser: ArgumentParser, help: str) -> None:
+    """`--database ALIAS`, repeatable, into options["databases"] (None when absent)."""
+    parser.add_argument("--database", action="append", dest="databases", metavar="ALIAS", help=help)
+
+
+def chosen_databases(options: dict[str, Any]) -> list[str]:
+    """The databases of `--database`, each checked to hold the todos table; all by default."""
+    held = placement.todo_databases()
+    chosen: list[str] = list(dict.fromkeys(options["databases"] or held))
+    for alias in chosen:
+        if alias not in held:
+            raise CommandError(
+                f"--database {alias!r}: not a database that holds the todos table "
+                f"(those are: {', '.join(held)})."
+            )
+    return chosen

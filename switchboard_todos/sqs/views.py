@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from switchboard_todos import faults, stats, validation
+from switchboard_todos import faults, placement, stats, validation
 from switchboard_todos.agents import errors, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
 from switchboard_todos.models import Agent, State, Todo
@@ -190,7 +190,9 @@ async def get_queue_attributes(
     wanted = params.get("AttributeNames") or ["All"]
     # The queue health the admin and the metrics read, by the database's clock; nothing of the
     # finished todos (recent=0), which SQS does not count.
-    found = await sync_to_async(stats.queue_health)([queue], recent=timedelta(0))
+    found = await sync_to_async(stats.queue_health)(
+        [queue], recent=timedelta(0), using=placement.database_for(queue)
+    )
     health = found[0] if found else None
     attributes = {
         "ApproximateNumberOfMessages": str(health.ready if health else 0),
@@ -349,8 +351,9 @@ def _millis(moment: Any) -> int:
 # The holder's verbs
 
 
-def _held(agent: Agent, handle: object) -> str:
-    """The id of the todo `handle` names, locked, if `agent` still holds it under that receipt.
+def _held(agent: Agent, handle: object, alias: str) -> str:
+    """The id of the todo `handle` names, locked, if `agent` still holds it under that receipt
+    (in database `alias`, where the queue lives).
 
     The lease's holder is checked by the guarded transition that follows; the attempt is
     checked here, under the row lock, so that a handle from an earlier receipt of the same
@@ -360,7 +363,8 @@ def _held(agent: Agent, handle: object) -> str:
     if receipt is None:
         raise SQSError("ReceiptHandleIsInvalid", f"The receipt handle {handle!r:.60} is not valid.")
     held = (
-        Todo.objects.select_for_update()
+        Todo.objects.using(alias)
+        .select_for_update()
         .filter(pk=receipt.todo_id, owner=agent.name, state=State.CLAIMED, attempt=receipt.attempt)
         .exists()
     )
@@ -371,16 +375,18 @@ def _held(agent: Agent, handle: object) -> str:
     return receipt.todo_id
 
 
-def _delete(agent: Agent, handle: object) -> None:
-    with transaction.atomic():
-        service.complete(agent, _held(agent, handle))
+def _delete(agent: Agent, handle: object, queue: str) -> None:
+    alias = placement.database_for(queue)
+    with transaction.atomic(using=alias):
+        service.complete(agent, _held(agent, handle, alias))
 
 
-def _change_visibility(agent: Agent, handle: object, timeout: object) -> None:
+def _change_visibility(agent: Agent, handle: object, timeout: object, queue: str) -> None:
     if type(timeout) is not int or not 0 <= timeout <= 43200:
         raise SQSError("InvalidParameterValue", "VisibilityTimeout must be from 0 to 43200.")
-    with transaction.atomic():
-        todo_id = _held(agent, handle)
+    alias = placement.database_for(queue)
+    with transaction.atomic(using=alias):
+        todo_id = _held(agent, handle, alias)
         if timeout == 0:
             service.release(agent, todo_id)
         else:
@@ -390,32 +396,32 @@ def _change_visibility(agent: Agent, handle: object, timeout: object) -> None:
 async def delete_message(
     agent: Agent, params: dict[str, Any], request: HttpRequest
 ) -> dict[str, Any]:
-    _queue(params)
-    await sync_to_async(_delete)(agent, params.get("ReceiptHandle"))
+    queue = _queue(params)
+    await sync_to_async(_delete)(agent, params.get("ReceiptHandle"), queue)
     return {}
 
 
 async def change_message_visibility(
     agent: Agent, params: dict[str, Any], request: HttpRequest
 ) -> dict[str, Any]:
-    _queue(params)
+    queue = _queue(params)
     await sync_to_async(_change_visibility)(
-        agent, params.get("ReceiptHandle"), params.get("VisibilityTimeout")
+        agent, params.get("ReceiptHandle"), params.get("VisibilityTimeout"), queue
     )
     return {}
 
 
 def _batch(
-    params: dict[str, Any], each: Callable[[dict[str, Any]], None]
+    params: dict[str, Any], each: Callable[[dict[str, Any], str], None]
 ) -> Callable[[], dict[str, Any]]:
-    _queue(params)
+    queue = _queue(params)
     entries = _entries(params)
 
     def run() -> dict[str, Any]:
         successful, failed = [], []
         for entry in entries:
             try:
-                each(entry)
+                each(entry, queue)
                 successful.append({"Id": entry["Id"]})
             except (SQSError, TodoError) as error:
                 failed.append(_failure(entry["Id"], error))
@@ -427,7 +433,7 @@ def _batch(
 async def delete_message_batch(
     agent: Agent, params: dict[str, Any], request: HttpRequest
 ) -> dict[str, Any]:
-    run = _batch(params, lambda entry: _delete(agent, entry.get("ReceiptHandle")))
+    run = _batch(params, lambda entry, queue: _delete(agent, entry.get("ReceiptHandle"), queue))
     return await sync_to_async(run)()
 
 
@@ -436,8 +442,8 @@ async def change_message_visibility_batch(
 ) -> dict[str, Any]:
     run = _batch(
         params,
-        lambda entry: _change_visibility(
-            agent, entry.get("ReceiptHandle"), entry.get("VisibilityTimeout")
+        lambda entry, queue: _change_visibility(
+            agent, entry.get("ReceiptHandle"), entry.get("VisibilityTimeout"), queue
         ),
     )
     return await sync_to_async(run)()

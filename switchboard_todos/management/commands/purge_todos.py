@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from switchboard_todos.management.base import add_database_argument, chosen_databases
 from switchboard_todos.management.cli import (
     duration,
     format_duration,
@@ -46,6 +47,11 @@ class Command(BaseCommand):
             metavar="QUEUE",
             help="Only purge this queue; repeat for several. Default: every queue.",
         )
+        add_database_argument(
+            parser,
+            "Only purge this database; repeat for several. Default: every database that holds "
+            "the todos table.",
+        )
         parser.add_argument(
             "--batch-size",
             type=positive_int,
@@ -74,13 +80,18 @@ class Command(BaseCommand):
         }
         kind = "done or failed todo" if options["include_failed"] else "done todo"
         age = format_duration(options["older_than"])
+        databases = chosen_databases(options)
         if options["dry_run"]:
-            would = count_purgeable(**selection)
+            would = Purged()
+            for alias in databases:
+                would.add(count_purgeable(**selection, using=alias))
             self._report(
                 would, f"Would delete {plural(would.total, kind)} completed over {age} ago"
             )
             return
-        purged = purge(**selection, batch_size=batch_size)
+        purged = Purged()
+        for alias in databases:
+            purged.add(purge(**selection, batch_size=batch_size, using=alias))
         batches = plural(purged.batches, "batch", "batches")
         self._report(
             purged, f"Deleted {plural(purged.total, kind)} completed over {age} ago in {batches}"

@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from switchboard_todos import handlers
+from switchboard_todos.management.base import add_database_argument, chosen_databases
 from switchboard_todos.management.cli import duration, plural, positive_int
 from switchboard_todos.reaper import Reaper, ReaperError
 from switchboard_todos.shutdown import Shutdown
@@ -56,6 +57,11 @@ class Command(BaseCommand):
             metavar="N",
             help="With --loop: stop after N sweeps (for tests, or to recycle the process).",
         )
+        add_database_argument(
+            parser,
+            "Sweep this database; repeat for several. Default: every database that holds the "
+            "todos table (one reaper serves them all).",
+        )
         if not self.reaping:
             return
         parser.add_argument(
@@ -75,9 +81,11 @@ class Command(BaseCommand):
         seconds = self.default_interval if interval is None else interval.total_seconds()
         verbosity: int = options["verbosity"]
         handlers.autodiscover()
+        databases = chosen_databases(options)
         with Shutdown() as shutdown:
             try:
                 reaper = Reaper(
+                    databases=databases,
                     reaping=self.reaping,
                     scheduling=self._scheduling(options),
                     interval=seconds,

@@ -7,7 +7,12 @@ from argparse import ArgumentParser
 from typing import Any
 
 from switchboard_todos import stats, vacuum
-from switchboard_todos.management.base import OperatorCommand, add_queue_argument
+from switchboard_todos.management.base import (
+    OperatorCommand,
+    add_database_argument,
+    add_queue_argument,
+    chosen_databases,
+)
 
 COLUMNS = [
     ("queue", "queue"),
@@ -26,18 +31,23 @@ class Command(OperatorCommand):
         "Print each queue's health: todos ready to claim, waiting for a retry, claimed (lease "
         "valid), claimed with an expired lease, done in the last 24 hours, dead letters, and the "
         "age of the oldest ready todo; then who holds back vacuum (the xmin horizon) and the "
-        "todos table's dead rows, with warnings. Cheap enough to run every minute from monitoring."
+        "todos table's dead rows, with warnings; for each database that holds todos. Cheap "
+        "enough to run every minute from monitoring."
     )
 
     examples = [
         "manage.py todo_stats",
         "manage.py todo_stats --queue mail --queue billing",
+        "manage.py todo_stats --database eu",
         'manage.py todo_stats --json   # {"at": ..., "queues": [...], "vacuum": {...}}',
         "manage.py todo_stats --prometheus   # the metrics view's text, e.g. for a textfile",
     ]
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         add_queue_argument(parser, "Only this queue; repeat for several. Default: every queue.")
+        add_database_argument(
+            parser, "Only this database; repeat for several. Default: every one with todos."
+        )
         parser.add_argument(
             "--json",
             action="store_true",
@@ -56,19 +66,29 @@ class Command(OperatorCommand):
 
             self.stdout.write(metrics.exposition().decode(), ending="")
             return
-        rows = stats.queue_health(options["queues"])
-        health = vacuum.vacuum_health()
+        databases = chosen_databases(options)
+        found = [
+            (alias, stats.queue_health(options["queues"], using=alias), vacuum.vacuum_health(alias))
+            for alias in databases
+        ]
         if options["json"]:
+            first = found[0][2]
             report = {
-                "at": health.at.isoformat(),
-                "queues": [row.as_json() for row in rows],
-                "vacuum": health.as_json(),
+                "at": first.at.isoformat(),
+                "queues": [
+                    {**row.as_json(), "database": alias} for alias, rows, _ in found for row in rows
+                ],
+                "vacuum": first.as_json(),
+                "databases": {alias: {"vacuum": health.as_json()} for alias, _, health in found},
             }
             self.stdout.write(json.dumps(report, indent=2))
             return
-        self.stdout.write(render_table(rows) if rows else "No todos.")
-        self.stdout.write("")
-        self.stdout.write(render_vacuum(health))
+        for number, (alias, rows, health) in enumerate(found):
+            if len(found) > 1:
+                self.stdout.write(("\n" if number else "") + f"Database {alias!r}:")
+            self.stdout.write(render_table(rows) if rows else "No todos.")
+            self.stdout.write("")
+            self.stdout.write(render_vacuum(health))
 
 
 def render_table(rows: list[stats.QueueHealth]) -> str:

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from switchboard_todos import validation
 from switchboard_todos.exceptions import InvalidTodo, WorkerCrashed
 from switchboard_todos.management import cli
+from switchboard_todos.management.base import chosen_databases
 from switchboard_todos.queues import EVERY
 from switchboard_todos.worker import Worker
 
@@ -46,6 +47,14 @@ class Command(BaseCommand):
             type=cli.queue_name,
             metavar="QUEUE",
             help="With --queue '*': a queue not to claim from; repeat for several.",
+        )
+        parser.add_argument(
+            "--database",
+            action="append",
+            dest="databases",
+            metavar="ALIAS",
+            help="Serve the queues of this database; repeat for several. Default: the databases "
+            "the queues live in (with --queue '*': every database that holds todos).",
         )
         parser.add_argument(
             "--backend",
@@ -133,8 +142,22 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         if options["exclude_queues"] and queues != [EVERY]:
             raise CommandError("--exclude-queue applies to --queue '*' (every queue) only.")
-        worker = Worker(
+        databases = chosen_databases(options) if options["databases"] else None
+        try:
+            worker = self._worker(queues, databases, options)
+        except InvalidTodo as error:
+            raise CommandError(str(error)) from error
+        try:
+            worker.run()
+        except WorkerCrashed as error:
+            raise CommandError(str(error)) from error
+
+    def _worker(
+        self, queues: list[str], databases: list[str] | None, options: dict[str, Any]
+    ) -> Worker:
+        return Worker(
             queues,
+            databases=databases,
             exclude_queues=options["exclude_queues"],
             concurrency=options["concurrency"],
             ttl=options["ttl"],
@@ -147,10 +170,6 @@ class Command(BaseCommand):
             timeout=options["timeout"],
             shutdown_timeout=options["shutdown_timeout"],
         )
-        try:
-            worker.run()
-        except WorkerCrashed as error:
-            raise CommandError(str(error)) from error
 
 
 def _queue_or_every(text: str) -> str:
