@@ -9,16 +9,19 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from io import StringIO
 from typing import Any
 
+import psycopg
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections
+from django.db import OperationalError, connections
 from django.db.models import F
 from django.test import Client, override_settings
+from psycopg import sql
 
 from switchboard_todos import listen, placement, schedules, stats
 from switchboard_todos.agents import accounts, service
@@ -29,6 +32,7 @@ from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
 from switchboard_todos.worker import Worker
 from tests import worker_handlers  # noqa: F401 (registers the handlers)
+from tests.conftest import database_url
 from tests.helpers import wait_until
 from tests.test_metrics import samples, scrape
 
@@ -219,6 +223,69 @@ def test_a_notification_in_either_database_wakes_the_worker() -> None:
     finally:
         worker.stop()
         thread.join(60)
+
+
+@contextmanager
+def eu_down() -> Iterator[None]:
+    """The `eu` database refuses connections, and its sessions are ended, until the block ends."""
+    name = connections["eu"].settings_dict["NAME"]
+    maintenance = database_url().rsplit("/", 1)[0] + "/postgres"
+
+    def allow(on: bool) -> None:
+        with psycopg.connect(maintenance, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
+                    sql.Identifier(name), sql.SQL("true" if on else "false")
+                )
+            )
+            if not on:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    [name],
+                )
+
+    allow(False)
+    try:
+        yield
+    finally:
+        allow(True)
+        connections["eu"].close()  # this thread's, ended with the others
+
+
+@pytest.mark.django_db(transaction=True, databases=BOTH)
+def test_a_database_that_is_down_stops_neither_the_worker_nor_the_others_queues() -> None:
+    for queue in ("orders", "eu-orders"):
+        Todo.objects.enqueue_many([{"queue": queue, "kind": "test.noop"}] * 20)
+    worker = Worker(["orders", "eu-orders"], concurrency=2, poll_interval=0.1)
+    thread = threading.Thread(target=worker.run)
+    try:
+        with eu_down():
+            thread.start()
+            wait_until(lambda: worker.stats.done >= 20, "the default database's todos done")
+            home = Todo.objects.using("default").values_list("state", flat=True).distinct()
+            assert list(home) == [State.DONE] and worker.stats.done == 20
+        wait_until(lambda: worker.stats.done == 40, "eu's todos done once it is back")
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert list(Todo.objects.using("eu").values_list("state", "attempt").distinct()) == [
+        (State.DONE, 1)
+    ]
+
+
+@pytest.mark.django_db(transaction=True, databases=BOTH)
+def test_a_sweep_reaps_the_databases_that_are_up_and_then_reports_the_one_down() -> None:
+    for queue in ("orders", "eu-orders"):
+        todo, _ = Todo.objects.create_todo(queue=queue, kind="k")
+        Todo.objects.claim_next(queue, "w", 30)
+        lapse(placement.database_for(queue), todo.id)
+    with Shutdown() as shutdown:
+        reaper = Reaper(interval=1, shutdown=shutdown, scheduling=False)
+        with eu_down(), pytest.raises(OperationalError):
+            reaper.sweep()
+        home = Todo.objects.using("default").get(queue="orders")
+        assert home.state == State.PENDING  # swept, although eu was down
+        assert reaper.sweep().requeued == 1  # eu, back
 
 
 def test_a_worker_told_one_database_refuses_a_queue_of_another() -> None:
