@@ -71,6 +71,9 @@ def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
         ("DATABASE_OPTIONS", {"statement_timeout": "5 min"}, "switchboard_todos.E040"),
         ("SCHEDULES", {"x": {"cron": "* * *", "kind": "k"}}, "switchboard_todos.E041"),
         ("SCHEDULES", {"x": {"cron": "* * * * *"}}, "switchboard_todos.E041"),
+        ("QUEUE_DATABASES", ["eu-*"], "switchboard_todos.E042"),
+        ("QUEUE_DATABASES", {"eu-*": 1}, "switchboard_todos.E042"),
+        ("QUEUE_DATABASES", {"eu-*": "nowhere"}, "switchboard_todos.E043"),
     ],
 )
 def test_settings_type_and_range(setting: str, value: Any, error_id: str) -> None:
