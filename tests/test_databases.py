@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -114,6 +115,43 @@ def test_a_pinned_manager_wins_over_the_placement() -> None:
     assert Todo.objects.claim_next("orders", "w", 30) is None  # default has none
     claimed = Todo.objects.db_manager("eu").claim_next("orders", "w", 30)
     assert claimed is not None and claimed.id == todo.id and claimed._state.db == "eu"
+
+
+def test_a_pinned_manager_prepares_its_statements_on_its_database() -> None:
+    eu = Todo.objects.db_manager("eu")
+    for _ in range(6):  # prepared at once; the count shows they were reused, not re-prepared
+        todo, _ = eu.create_todo(queue="orders", kind="k")
+        eu.claim_next("orders", "w", 30)
+        eu.complete(todo.id, "w")
+    with connections["eu"].cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        on_eu = [text for (text,) in cursor.fetchall()]
+    assert len(on_eu) >= 3 and any("Claim" in text for text in on_eu)
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone() == (0,)
+
+
+@pytest.mark.django_db(transaction=True, databases=BOTH)
+def test_a_blocking_claim_waits_on_its_databases_notifications() -> None:
+    """With a poll far beyond the wait, only eu's NOTIFY can end the wait with a todo."""
+    eu = Todo.objects.db_manager("eu")
+    got: list[Todo | None] = []
+
+    def wait() -> None:
+        try:
+            got.append(eu.claim_next("orders", "w", 30, wait=20))
+        finally:
+            connections.close_all()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_until(lambda: listen.shared_listener("eu").listening, "eu's LISTEN")
+    started = time.monotonic()
+    todo, _ = eu.create_todo(queue="orders", kind="k")
+    waiter.join(30)
+    assert got and got[0] is not None and got[0].id == todo.id
+    assert time.monotonic() - started < 10  # woken, not timed out (20 s)
 
 
 def test_a_claim_across_databases_is_refused_before_anything_is_claimed() -> None:
