@@ -12,7 +12,7 @@ PIP_CONSTRAINT ?=
 # else an embedded PostgreSQL that is stopped and deleted when the command ends.
 WITH_DATABASE = $(BIN)/python -m devtools.database run --
 
-.PHONY: demo demo-crash test lint typecheck pytest suite bench clean
+.PHONY: demo demo-crash test lint typecheck pytest suite django-tasks-tests bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ suite: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(WITH_DATABASE) $(MAKE) --no-print-directory lint typecheck pytest
+
+# Django's own tests/tasks modules against TodoBackend (Django 6; the backport ships none).
+django-tasks-tests: $(BIN)/.installed
+	$(WITH_DATABASE) $(BIN)/python -m devtools.django_tests
 
 # The benchmarks use their own database on the same server (bench/setup.py); a miss of a
 # target is printed, never an error. BENCH_ARGS=--smoke for the CI size.
