@@ -15,9 +15,7 @@ from pathlib import Path
 
 from django.core.asgi import get_asgi_application
 
-from switchboard_todos.api.asgi import lean_api  # noqa: E402
-
-application = lean_api(get_asgi_application(), prefix="/api/")
+application = get_asgi_application()
 
 ROOT = Path(__file__).resolve().parent.parent
 
