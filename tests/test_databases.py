@@ -27,12 +27,13 @@ from psycopg import sql
 from switchboard_todos import listen, placement, schedules, stats
 from switchboard_todos.agents import accounts, service
 from switchboard_todos.checks import check_schema
+from switchboard_todos.compat import task_backends
 from switchboard_todos.exceptions import InvalidTodo, TodoNotFound
 from switchboard_todos.models import Event, Schedule, State, Todo
 from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
 from switchboard_todos.worker import Worker
-from tests import worker_handlers  # noqa: F401 (registers the handlers)
+from tests import tasks, worker_handlers  # noqa: F401 (worker_handlers registers handlers)
 from tests.conftest import database_url
 from tests.helpers import wait_until
 from tests.test_metrics import samples, scrape
@@ -414,6 +415,23 @@ def test_an_agent_works_queues_of_both_databases() -> None:
     with pytest.raises(TodoNotFound):
         service.complete(agent, "td_unknown", None)
     assert service.claim(agent, ttl=30, wait=0.2) == []  # waited in each database, found none
+
+
+def test_the_tasks_backend_enqueues_where_the_queue_lives_and_finds_the_result(
+    settings: Any,
+) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "switchboard_todos.backends.TodoBackend",
+            "QUEUES": ["default", "eu-tasks"],
+        }
+    }
+    result = tasks.add.using(queue_name="eu-tasks").enqueue(1, 2)
+    assert ids_in("eu") == {result.id} and ids_in("default") == set()
+    assert task_backends["default"].get_result(result.id).args == [1, 2]
+    home = tasks.add.enqueue(3, 4)
+    assert task_backends["default"].get_result(home.id).kwargs == {}
+    assert ids_in("default") == {home.id}
 
 
 def test_queue_health_reads_the_database_asked() -> None:
