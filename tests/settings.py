@@ -28,6 +28,8 @@ if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
 
 # A test's worker child may shorten the connection timeouts (tests/test_worker_process.py).
 SWITCHBOARD_TODOS_DATABASE_OPTIONS = env.json("SWITCHBOARD_TODOS_DATABASE_OPTIONS", default={})
+# Queues placed in `eu` for the processes a test starts (tests/test_databases.py).
+SWITCHBOARD_TODOS_QUEUE_DATABASES = env.json("SWITCHBOARD_TODOS_QUEUE_DATABASES", default={})
 # Periodic todos for the processes a test starts (the scheduler's systemd unit).
 SWITCHBOARD_TODOS_SCHEDULES = env.json("SWITCHBOARD_TODOS_SCHEDULES", default={})
 

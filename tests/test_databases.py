@@ -15,8 +15,10 @@ from datetime import timedelta
 from io import StringIO
 from typing import Any
 
+import boto3
 import psycopg
 import pytest
+from botocore.config import Config
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import OperationalError, connections
@@ -32,8 +34,10 @@ from switchboard_todos.exceptions import InvalidTodo, TodoNotFound
 from switchboard_todos.models import Event, Schedule, State, Todo
 from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
+from switchboard_todos.sqs.signing import secret_for
 from switchboard_todos.worker import Worker
 from tests import tasks, worker_handlers  # noqa: F401 (worker_handlers registers handlers)
+from tests.asgi import serve
 from tests.conftest import database_url
 from tests.helpers import wait_until
 from tests.test_metrics import samples, scrape
@@ -432,6 +436,42 @@ def test_the_tasks_backend_enqueues_where_the_queue_lives_and_finds_the_result(
     home = tasks.add.enqueue(3, 4)
     assert task_backends["default"].get_result(home.id).kwargs == {}
     assert ids_in("default") == {home.id}
+
+
+@pytest.mark.django_db(transaction=True, databases=BOTH)
+def test_an_sqs_client_works_a_queue_of_the_second_database(subprocess_env: dict[str, str]) -> None:
+    agent = accounts.create_agent("sqs-eu", claim_queues=["eu-jobs"], create_queues=["eu-jobs"])[0]
+    env = {
+        **subprocess_env,
+        "SWITCHBOARD_TODOS_QUEUE_DATABASES": json.dumps(PLACED),
+        "DATABASE_POOL_SIZE": "4",
+    }
+    with serve(env) as (api, process):
+        sqs = boto3.client(
+            "sqs",
+            endpoint_url=api.removesuffix("/api") + "/sqs/",
+            region_name="us-east-1",
+            aws_access_key_id=agent.name,
+            aws_secret_access_key=secret_for(agent),
+            config=Config(retries={"max_attempts": 1}),
+        )
+        queue = sqs.get_queue_url(QueueName="eu-jobs")["QueueUrl"]
+        sent = [sqs.send_message(QueueUrl=queue, MessageBody=f"m{n}")["MessageId"] for n in (1, 2)]
+        assert ids_in("eu") == set(sent) and ids_in("default") == set()
+        counts = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
+        assert counts["ApproximateNumberOfMessages"] == "2"
+        received = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
+        assert {message["MessageId"] for message in received} == set(sent)
+        first, second = received
+        sqs.delete_message(QueueUrl=queue, ReceiptHandle=first["ReceiptHandle"])
+        sqs.change_message_visibility(
+            QueueUrl=queue, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=0
+        )
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    assert "Traceback" not in output, output
+    states = dict(Todo.objects.using("eu").values_list("id", "state"))
+    assert states == {first["MessageId"]: State.DONE, second["MessageId"]: State.PENDING}
 
 
 def test_queue_health_reads_the_database_asked() -> None:
