@@ -36,6 +36,10 @@ ROWS = {
         "SQS send_message_batch of 10",
         "SQS receive_message(10) + delete_message_batch",
     ],
+    "two_databases": [
+        "drain, one database, Workers on both queues",
+        "drain, two databases, Workers on both queues",
+    ],
 }
 
 
