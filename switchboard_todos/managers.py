@@ -258,8 +258,9 @@ class TodoManager(_TodoManagerBase["Todo"]):
         return self._on_database(next(iter(grouped), self._db_alias))
 
     def _on_database(self, alias: str) -> TodoManager:
-        """This manager pinned to `alias` (kept: placement runs on every create and claim)."""
-        if self._db == alias:
+        """This manager pinned to `alias` (kept: placement runs on every create and claim);
+        itself when its statements already run there."""
+        if alias == self._db_alias:
             return self
         pinned = self._pinned.get(alias)
         if pinned is None:
@@ -430,14 +431,14 @@ class TodoManager(_TodoManagerBase["Todo"]):
         params = validation.arguments(queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait)
         placed = self._placed(params["queues"])
         if placed is not self:
-            return await placed._claim_batch(type(io)(placed), queues, owner, ttl, limit, wait)
+            io = type(io)(placed)
         seconds = params.pop("wait")
         if not seconds:
             return await io.claim(params)
         claimed, fault, backoff = await io.claim_through_faults(params)
         if claimed:
             return claimed
-        waiting = BlockingClaim(self._db_alias, params["queues"], seconds, listen=conf.LISTEN)
+        waiting = BlockingClaim(placed._db_alias, params["queues"], seconds, listen=conf.LISTEN)
         await io.start(waiting)
         try:
             while True:

@@ -45,10 +45,10 @@ def todo_databases(aliases: Iterable[str] | None = None) -> list[str]:
     ]
 
 
-def queue_databases() -> dict[str, str]:
+def queue_databases() -> Mapping[str, str]:
     """SWITCHBOARD_TODOS_QUEUE_DATABASES: queue name or fnmatch pattern -> database alias."""
     configured: Mapping[str, str] = getattr(settings, "SWITCHBOARD_TODOS_QUEUE_DATABASES", {})
-    return dict(configured)
+    return configured
 
 
 class QueueRouter:

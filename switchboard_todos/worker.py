@@ -511,9 +511,6 @@ class Worker:
         if not runner.acks:
             return
         acks, runner.acks = runner.acks, {}
-        if len(self.databases) == 1:
-            self._flush_database(runner, self.databases[0], acks)
-            return
         by_database: dict[str, dict[str, tuple[_Held, Any, float]]] = {}
         for todo_id, ack in acks.items():
             by_database.setdefault(_database(ack[0].todo), {})[todo_id] = ack

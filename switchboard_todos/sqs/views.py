@@ -248,19 +248,8 @@ def _send(agent: Agent, queue: str, entry: dict[str, Any]) -> dict[str, Any]:
 async def send_message_batch(
     agent: Agent, params: dict[str, Any], request: HttpRequest
 ) -> dict[str, Any]:
-    queue = _queue(params)
-    entries = _entries(params)
-
-    def send_each() -> dict[str, Any]:
-        successful, failed = [], []
-        for entry in entries:
-            try:
-                successful.append({"Id": entry["Id"], **_send(agent, queue, entry)})
-            except (SQSError, TodoError) as error:
-                failed.append(_failure(entry["Id"], error))
-        return {"Successful": successful, "Failed": failed}
-
-    return await sync_to_async(send_each)()
+    run = _batch(params, lambda entry, queue: _send(agent, queue, entry))
+    return await sync_to_async(run)()
 
 
 def _entries(params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -412,8 +401,10 @@ async def change_message_visibility(
 
 
 def _batch(
-    params: dict[str, Any], each: Callable[[dict[str, Any], str], None]
+    params: dict[str, Any], each: Callable[[dict[str, Any], str], dict[str, Any] | None]
 ) -> Callable[[], dict[str, Any]]:
+    """A batch action: `each(entry, queue)` per entry, its answer's fields (if any) beside the
+    entry's Id in Successful, or its error in Failed."""
     queue = _queue(params)
     entries = _entries(params)
 
@@ -421,8 +412,7 @@ def _batch(
         successful, failed = [], []
         for entry in entries:
             try:
-                each(entry, queue)
-                successful.append({"Id": entry["Id"]})
+                successful.append({"Id": entry["Id"], **(each(entry, queue) or {})})
             except (SQSError, TodoError) as error:
                 failed.append(_failure(entry["Id"], error))
         return {"Successful": successful, "Failed": failed}
