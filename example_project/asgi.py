@@ -1,8 +1,10 @@
 """ASGI entry point of the example project: Django, and the MCP endpoint at /mcp.
 
 A small Starlette application routes /mcp to the MCP tools (bearer tokens of the agents) and
-everything else (admin, webhooks, /api/) to Django. It also runs the MCP session manager's
-lifespan, which Django's ASGI handler refuses to. Serve it with any ASGI server:
+everything else (admin, webhooks, /api/) to Django, with the agent loop's verbs of /api/
+answered in front of Django's handler (AgentsAPIFirst, docs/agents.md). It also runs the MCP
+session manager's lifespan, which Django's ASGI handler refuses to. Serve it with any ASGI
+server:
 
     uvicorn example_project.asgi:application
 """
@@ -27,7 +29,8 @@ django = get_asgi_application()
 if settings.DEBUG:  # the admin's CSS and JavaScript, as runserver serves them
     django = ASGIStaticFilesHandler(django)
 
-# Imported once Django is set up: it uses the models.
+# Imported once Django is set up: they use the models.
+from switchboard_todos.api.asgi import AgentsAPIFirst  # noqa: E402
 from switchboard_todos.mcp.http import streamable_http  # noqa: E402
 
 mcp = streamable_http("/mcp")
@@ -40,6 +43,6 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 
 
 application = Starlette(
-    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, django))],
+    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, AgentsAPIFirst(django)))],
     lifespan=lifespan,
 )

@@ -15,7 +15,12 @@ from pathlib import Path
 
 from django.core.asgi import get_asgi_application
 
-application = get_asgi_application()
+#: Django's own application, and the one served: the agent loop's verbs answered in front of it.
+django_application = get_asgi_application()
+
+from switchboard_todos.api.asgi import AgentsAPIFirst  # noqa: E402 (uses the models)
+
+application = AgentsAPIFirst(django_application)
 
 ROOT = Path(__file__).resolve().parent.parent
 

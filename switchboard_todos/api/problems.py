@@ -43,19 +43,23 @@ class JSONBody(Parser):
     """
 
     def parse_body(self, request: HttpRequest) -> dict[str, Any]:
-        body = request.body
-        try:
-            data = json.loads(body)
-        except RecursionError:
-            raise InvalidTodo(f"The body nests deeper than {MAX_DEPTH} levels.") from None
-        except ValueError as error:
-            raise InvalidTodo(f"The body is not JSON: {error}.") from None
-        # Both checks walk the whole body: only when its text says they may find something.
-        if body.count(b"[") + body.count(b"{") > MAX_DEPTH or _ESCAPED_SURROGATE.search(body):
-            _check_text_and_depth(data)
-        if not isinstance(data, dict):
-            raise InvalidTodo(f"The body must be a JSON object, not {type(data).__name__}.")
-        return data
+        return parse_json(request.body)
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or InvalidTodo saying why not (JSONBody)."""
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise InvalidTodo(f"The body nests deeper than {MAX_DEPTH} levels.") from None
+    except ValueError as error:
+        raise InvalidTodo(f"The body is not JSON: {error}.") from None
+    # Both checks walk the whole body: only when its text says they may find something.
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH or _ESCAPED_SURROGATE.search(body):
+        _check_text_and_depth(data)
+    if not isinstance(data, dict):
+        raise InvalidTodo(f"The body must be a JSON object, not {type(data).__name__}.")
+    return data
 
 
 def _check_text_and_depth(data: Any) -> None:
@@ -103,12 +107,18 @@ def install(api: NinjaAPI) -> None:
 
 
 def _todo_error(request: HttpRequest, error: TodoError) -> HttpResponse:
-    kind = errors.kind_of(error)
+    return todo_error_response(error, request.headers.get("Authorization", ""))
+
+
+def todo_error_response(error: TodoError, authorization: str) -> HttpResponse:
+    """The problem of a refusal of the core or the service; `authorization` is the header."""
     # RFC 6750: a token that was sent but refused is an invalid_token.
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    scheme, _, token = authorization.partition(" ")
     sent = scheme.lower() == "bearer" and bool(token.strip())
     return problem_response(
-        kind, str(error), invalid_token=isinstance(error, NotAuthenticated) and sent
+        errors.kind_of(error),
+        str(error),
+        invalid_token=isinstance(error, NotAuthenticated) and sent,
     )
 
 
@@ -121,10 +131,17 @@ def _validation_error(request: HttpRequest, error: ValidationError) -> HttpRespo
     found = []
     for item in error.errors:
         loc = [str(part) for part in item.get("loc", ())]
-        field = ".".join(loc[2:] if loc[:1] == ["body"] else loc[1:]) or "body"
-        found.append({"field": field, "message": str(item.get("msg", ""))})
-    detail = "; ".join(f"{item['field']}: {item['message']}" for item in found)
-    return problem_response(errors.INVALID_INPUT, detail, errors=found)
+        found.append((loc[2:] if loc[:1] == ["body"] else loc[1:], item.get("msg", "")))
+    return invalid_fields_response(found)
+
+
+def invalid_fields_response(found: list[tuple[list[str], Any]]) -> HttpResponse:
+    """A 422 listing pydantic's findings, each (field path, message), as `field: message`."""
+    listed = [
+        {"field": ".".join(path) or "body", "message": str(message)} for path, message in found
+    ]
+    detail = "; ".join(f"{item['field']}: {item['message']}" for item in listed)
+    return problem_response(errors.INVALID_INPUT, detail, errors=listed)
 
 
 def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
@@ -145,13 +162,20 @@ def _too_large(request: HttpRequest, error: RequestDataTooBig) -> HttpResponse:
 
 
 def _server_error(request: HttpRequest, error: Exception) -> HttpResponse:
-    """Our fault, not the agent's: logged with its traceback, answered without it."""
+    return server_error_response(f"{request.method} {request.path}", error)
+
+
+def server_error_response(request: str, error: Exception) -> HttpResponse:
+    """Our fault, not the agent's: logged with its traceback, answered without it.
+
+    `request` names the request in the log (method and path).
+    """
     if faults.is_outage(error):
-        logger.warning("Database unavailable for %s %s: %s", request.method, request.path, error)
+        logger.warning("Database unavailable for %s: %s", request, error)
         response = problem_response(errors.UNAVAILABLE, "The database is unavailable; retry.")
         response["Retry-After"] = "5"
         return response
-    logger.error("Error in %s %s", request.method, request.path, exc_info=error)
+    logger.error("Error in %s", request, exc_info=error)
     kind = errors.SERVER_ERROR
     detail = "A database error." if isinstance(error, DatabaseError) else "An internal error."
     return problem_response(kind, f"{detail} It was logged.")

@@ -11,13 +11,16 @@ from __future__ import annotations
 from typing import Any, get_type_hints
 
 from ninja import Schema
-from pydantic import ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from switchboard_todos.agents import serialize
 from switchboard_todos.agents.service import MAX_CLAIM_LIMIT, MAX_WAIT
 
 
-class Request(Schema):
+class Request(BaseModel):
+    """A request body: plain pydantic (ninja's Schema would validate it twice, to read Django
+    models that a request body never holds)."""
+
     model_config = ConfigDict(strict=True, extra="forbid")
 
 

@@ -1,0 +1,326 @@
+"""The agent loop's verbs served straight from ASGI, in front of Django.
+
+An agent works in a loop of claim, heartbeat and complete (or fail, or release): two requests
+per todo at least. Through Django's handler each costs several times the queue's own work (a
+thread started per request, two hops between threads per synchronous middleware, the request
+signals, an HttpRequest, ninja's parameter machinery), and the API drained at a sixth of the
+in-process rate. `AgentsAPIFirst` answers these POSTs itself: it parses and validates the body
+with the API's own schemas, and in one hop to a thread authenticates and runs the service's
+verb. Every other request (list, get, create, the schema, anything not the API's) goes to the
+application it wraps, and api/views.py stays where the whole API is defined and documented.
+
+The answers are the API's: the same schemas, service, error table and problem responses
+(tests/test_api_fast.py sends every kind of request both ways and compares). What these
+requests skip is the project's MIDDLEWARE and the request signals. They need neither: a bearer
+token, no cookie, session or CSRF token; the host is still checked against ALLOWED_HOSTS. A
+project whose middleware must see every request serves Django's application alone, and the API
+works there too, at Django's cost (docs/agents.md).
+
+Each of the `threads` keeps its database connections from one request to the next, as a worker
+does, and closes them after a database error; under Django's connection pool each holds one of
+the pool's connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import DisallowedHost
+from django.db import connections
+from django.http import HttpRequest, HttpResponse
+from django.urls import get_resolver
+from django.urls.exceptions import Resolver404
+from pydantic import ValidationError
+
+from switchboard_todos.agents import errors, service
+from switchboard_todos.agents.serialize import todo_json
+from switchboard_todos.api import problems
+from switchboard_todos.api.schemas import (
+    ClaimIn,
+    ClaimOneIn,
+    CompleteIn,
+    FailIn,
+    HeartbeatIn,
+    ReleaseIn,
+    Request,
+)
+from switchboard_todos.exceptions import TodoError
+from switchboard_todos.models import Agent, Todo
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+#: Any ASGI application (Django's handler types its arguments more narrowly than this one).
+ASGIApp = Callable[..., Awaitable[None]]
+
+#: The namespace the API's routes resolve in (api/urls.py).
+NAMESPACE = "switchboard_todos_api"
+#: What a request without a bearer token is told (as ninja's AuthenticationError is, problems.py).
+NO_TOKEN = "No token: send the header Authorization: Bearer <token>."
+
+Verb = Callable[[Agent, str, Any], Todo]
+#: The verbs on one todo answered here, by route name (api/views.py): the body's schema, whether
+#: the body may be left out, and the service call.
+BY_ID: dict[str, tuple[type[Request], bool, Verb]] = {
+    "claim_todo": (
+        ClaimOneIn,
+        False,
+        lambda agent, todo_id, body: service.claim(agent, todo_id=todo_id, ttl=body.ttl)[0],
+    ),
+    "heartbeat": (
+        HeartbeatIn,
+        False,
+        lambda agent, todo_id, body: service.heartbeat(agent, todo_id, body.ttl),
+    ),
+    "complete": (
+        CompleteIn,
+        True,
+        lambda agent, todo_id, body: service.complete(agent, todo_id, body.result),
+    ),
+    "fail": (
+        FailIn,
+        True,
+        lambda agent, todo_id, body: service.fail(agent, todo_id, body.error, body.retry_in),
+    ),
+    "release": (
+        ReleaseIn,
+        True,
+        lambda agent, todo_id, body: service.release(agent, todo_id, body.delay),
+    ),
+}
+#: The claim from queues (`POST claim/`).
+CLAIM = "claim"
+
+
+class Aborted(Exception):
+    """The client went away before its request's body arrived."""
+
+
+class AgentsAPIFirst:
+    """ASGI: the agent loop's verbs answered directly, every other request passed on.
+
+    `application = AgentsAPIFirst(get_asgi_application())`. Which requests are the verbs is the
+    project's URLconf's to say, wherever it mounts `include("switchboard_todos.api.urls")`.
+    """
+
+    def __init__(self, application: ASGIApp, *, threads: int = 4) -> None:
+        self.application = application
+        self.threads = threads
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="switchboard-todos-api")
+
+    def close(self) -> None:
+        """Close the connections the threads keep, and stop the threads.
+
+        One task per thread, held at a barrier until all have started, reaches every thread.
+        """
+        barrier = threading.Barrier(self.threads)
+
+        def close_this_threads_connections() -> None:
+            connections.close_all()
+            barrier.wait(timeout=30)
+
+        for done in [
+            self._threads.submit(close_this_threads_connections) for _ in range(self.threads)
+        ]:
+            done.result()
+        self._threads.shutdown()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = _route(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None or not _allowed_host(scope):
+            await self.application(scope, receive, send)  # Django says what is wrong with a host
+            return
+        try:
+            body = await _read_body(receive)
+        except Aborted:
+            return
+        answer = await self._answer(scope, *route, body)
+        if isinstance(answer, HttpResponse):
+            status, content = answer.status_code, answer.content
+            headers = [
+                (key.encode("ascii"), value.encode("latin1")) for key, value in answer.items()
+            ]
+        else:
+            status, content, headers = 200, answer, [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+    async def _answer(
+        self, scope: Scope, verb: str, todo_id: str | None, body: bytes | None
+    ) -> HttpResponse | bytes:
+        """As api/views.py answers: authentication first, then the body, then the verb.
+
+        A success is its JSON body (200, application/json).
+        """
+        authorization = _header(scope, b"authorization")
+        token = _bearer(authorization)
+        if token is None:
+            return problems.problem_response(errors.NOT_AUTHENTICATED, NO_TOKEN)
+        arguments = _arguments(verb, body)
+        loop = asyncio.get_running_loop()
+        try:
+            answer = await loop.run_in_executor(
+                self._threads, _perform, verb, token, todo_id, arguments
+            )
+            if isinstance(answer, Agent):  # a claim that waits: suspended, not holding a thread
+                answer = await _wait_and_claim(answer, arguments)
+        except TodoError as error:
+            return problems.todo_error_response(error, authorization)
+        except Exception as error:
+            return problems.server_error_response(f"POST {scope['path']}", error)
+        if isinstance(answer, HttpResponse):
+            return answer
+        if isinstance(answer, list):
+            return json.dumps({"todos": [todo_json(todo) for todo in answer]}).encode()
+        return json.dumps(todo_json(answer)).encode()
+
+
+def _perform(
+    verb: str, token: str, todo_id: str | None, arguments: Request | HttpResponse
+) -> Todo | list[Todo] | Agent | HttpResponse:
+    """On one of the threads: authenticate, then run the verb (or refuse the body).
+
+    A claim with a `wait` returns the agent: the event loop waits for it (`_wait_and_claim`).
+    """
+    try:
+        agent = service.authenticate(token)
+        if isinstance(arguments, HttpResponse):
+            return arguments
+        if verb != CLAIM:
+            assert todo_id is not None
+            return BY_ID[verb][2](agent, todo_id, arguments)
+        assert isinstance(arguments, ClaimIn)
+        if arguments.wait:
+            return agent
+        return service.claim(
+            agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit
+        )
+    finally:
+        _finish_with_connections()
+
+
+async def _wait_and_claim(agent: Agent, arguments: Request | HttpResponse) -> list[Todo]:
+    assert isinstance(arguments, ClaimIn)
+    try:
+        return await service.aclaim(
+            agent,
+            queues=arguments.queues,
+            ttl=arguments.ttl,
+            wait=arguments.wait,
+            limit=arguments.limit,
+        )
+    finally:
+        await sync_to_async(_finish_with_connections)()
+
+
+def _finish_with_connections() -> None:
+    """What Django does with this thread's connections after a request: close those a database
+    error left unusable, and give pooled ones back to the pool. An unpooled one stays open for
+    the thread's next request, as a worker's does."""
+    for connection in connections.all(initialized_only=True):
+        if connection.errors_occurred:
+            connection.close_if_unusable_or_obsolete()
+        if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+            connection.close()
+
+
+def _route(scope: Scope) -> tuple[str, str | None] | None:
+    """(verb, todo id) if the project's URLconf resolves the path to one of the verbs."""
+    path = scope["path"]
+    root = scope.get("root_path", "")
+    if root:
+        path = path.removeprefix(root)
+    try:
+        match = get_resolver().resolve(path)
+    except Resolver404:
+        return None
+    if NAMESPACE not in match.namespaces or not (
+        match.url_name in BY_ID or match.url_name == CLAIM
+    ):
+        return None
+    return match.url_name, match.kwargs.get("todo_id")
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    """A request header's value; repeated ones joined with commas, as Django joins them."""
+    return ",".join(value.decode("latin1") for key, value in scope["headers"] if key == name)
+
+
+def _bearer(authorization: str) -> str | None:
+    """The token of `Authorization: Bearer <token>`, as ninja's HttpBearer reads it."""
+    if not authorization:
+        return None
+    scheme, *rest = authorization.split(" ")
+    return " ".join(rest) if scheme.lower() == "bearer" else None
+
+
+def _allowed_host(scope: Scope) -> bool:
+    """Whether Django's `request.get_host()` accepts the request's host (ALLOWED_HOSTS)."""
+    server = scope.get("server") or ("unknown", "0")
+    return _host_allowed(
+        _header(scope, b"host"),
+        _header(scope, b"x-forwarded-host"),
+        (server[0], str(server[1])),
+        (tuple(settings.ALLOWED_HOSTS), settings.DEBUG, settings.USE_X_FORWARDED_HOST),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _host_allowed(
+    host: str, forwarded: str, server: tuple[str, str], checked_by: tuple[Any, ...]
+) -> bool:
+    """`_allowed_host`, remembered for the hosts seen (`checked_by`: the settings it reads)."""
+    request = HttpRequest()
+    request.META = {"SERVER_NAME": server[0], "SERVER_PORT": server[1]}
+    for key, value in (("HTTP_HOST", host), ("HTTP_X_FORWARDED_HOST", forwarded)):
+        if value:
+            request.META[key] = value
+    try:
+        request.get_host()
+    except DisallowedHost:
+        return False
+    return True
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole body; None once it passes DATA_UPLOAD_MAX_MEMORY_SIZE (the rest is dropped)."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Aborted
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is None or size <= limit:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks) if limit is None or size <= limit else None
+
+
+def _arguments(verb: str, body: bytes | None) -> Request | HttpResponse:
+    """The verb's body, parsed and validated as ninja does; or the problem that refuses it."""
+    schema, optional = (ClaimIn, False) if verb == CLAIM else BY_ID[verb][:2]
+    if body is None:
+        return problems.problem_response(errors.BODY_TOO_LARGE, "The request body is too large.")
+    if not body:
+        if optional:
+            return schema()
+        return problems.invalid_fields_response([([], "Field required")])
+    try:
+        return schema.model_validate(problems.parse_json(body))
+    except TodoError as error:
+        return problems.todo_error_response(error, "")
+    except ValidationError as error:
+        found = [([str(part) for part in item["loc"]], item["msg"]) for item in error.errors()]
+        return problems.invalid_fields_response(found)
