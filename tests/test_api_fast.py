@@ -220,7 +220,8 @@ CASES: list[tuple[str, str, bytes, str]] = [
     ("release, delay as text", "todos/T_held_a1/release/", b'{"delay": "soon"}', "a1"),
     ("release, held by another", "todos/T_held_a2/release/", b"{}", "a1"),
 ]
-AUTH = {
+#: Each way of sending no valid token; None: the token of a revoked agent.
+AUTH: dict[str, dict[str, str] | None] = {
     "none": {},
     "basic": {"Authorization": "Basic YTpi"},
     "empty": {"Authorization": "Bearer "},
@@ -254,9 +255,9 @@ def test_same_refusal_of_a_token_both_ways(
     auth: str,
     path: str,
 ) -> None:
-    headers = (
-        AUTH[auth] if AUTH[auth] is not None else {"Authorization": f"Bearer {tokens['gone']}"}
-    )
+    headers = AUTH[auth]
+    if headers is None:
+        headers = {"Authorization": f"Bearer {tokens['gone']}"}
     through_django, through_fast = both_ways(
         fast, make_todo, f"/api/{path}", b'{"ttl": 30}', headers
     )
