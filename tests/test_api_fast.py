@@ -17,6 +17,7 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
+from switchboard_todos import listen
 from switchboard_todos.agents import accounts
 from switchboard_todos.api import asgi
 from switchboard_todos.api.schemas import ClaimIn, CompleteIn
@@ -85,6 +86,7 @@ def fast() -> Iterator[asgi.AgentsAPIFirst]:
     app = asgi.AgentsAPIFirst(django_application, threads=2)
     yield app
     app.close()
+    listen.stop_shared_listeners()  # the long polls' listener, before the database goes
 
 
 @pytest.fixture
@@ -140,25 +142,25 @@ def normal(answer: Answer, labels: dict[str, str]) -> tuple[Any, ...]:
     return answer.status, shown, json.loads(body) if body else None, table
 
 
+@pytest.fixture
 def both_ways(
-    fast: asgi.AgentsAPIFirst,
-    make_todo: Callable[..., Todo],
-    path: str,
-    body: bytes,
-    headers: dict[str, str],
-) -> tuple[Any, Any]:
-    answers = []
-    for app in (django_application, fast):
-        labels = make_todos(make_todo)
-        for todo_id, label in labels.items():
-            path_here = path.replace(label, todo_id)
-            if path_here != path:
-                break
-        else:
+    fast: asgi.AgentsAPIFirst, make_todo: Callable[..., Todo]
+) -> Callable[[str, bytes, dict[str, str]], tuple[Any, Any]]:
+    """Send a POST through Django's handler, then through AgentsAPIFirst, each time on fresh
+    todos; what each answered and left in the table, normalised (`normal`)."""
+
+    def send(path: str, body: bytes, headers: dict[str, str]) -> tuple[Any, Any]:
+        answers = []
+        for app in (django_application, fast):
+            labels = make_todos(make_todo)
             path_here = path
-        answers.append(normal(call(app, "POST", path_here, body, headers), labels))
-        connections.close_all()
-    return answers[0], answers[1]
+            for todo_id, label in labels.items():
+                path_here = path_here.replace(label, todo_id)
+            answers.append(normal(call(app, "POST", path_here, body, headers), labels))
+            connections.close_all()
+        return answers[0], answers[1]
+
+    return send
 
 
 VALID = {
@@ -233,8 +235,7 @@ AUTH: dict[str, dict[str, str] | None] = {
 
 @pytest.mark.parametrize(("name", "path", "body", "agent"), CASES, ids=[case[0] for case in CASES])
 def test_same_answer_both_ways(
-    fast: asgi.AgentsAPIFirst,
-    make_todo: Callable[..., Todo],
+    both_ways: Callable[..., tuple[Any, Any]],
     tokens: dict[str, str],
     name: str,
     path: str,
@@ -242,25 +243,19 @@ def test_same_answer_both_ways(
     agent: str,
 ) -> None:
     headers = {"Authorization": f"Bearer {tokens[agent]}", "Content-Type": "application/json"}
-    through_django, through_fast = both_ways(fast, make_todo, f"/api/{path}", body, headers)
+    through_django, through_fast = both_ways(f"/api/{path}", body, headers)
     assert through_fast == through_django
 
 
 @pytest.mark.parametrize("auth", AUTH, ids=list(AUTH))
 @pytest.mark.parametrize("path", ["claim/", "todos/T_held_a1/complete/"])
 def test_same_refusal_of_a_token_both_ways(
-    fast: asgi.AgentsAPIFirst,
-    make_todo: Callable[..., Todo],
-    tokens: dict[str, str],
-    auth: str,
-    path: str,
+    both_ways: Callable[..., tuple[Any, Any]], tokens: dict[str, str], auth: str, path: str
 ) -> None:
     headers = AUTH[auth]
     if headers is None:
         headers = {"Authorization": f"Bearer {tokens['gone']}"}
-    through_django, through_fast = both_ways(
-        fast, make_todo, f"/api/{path}", b'{"ttl": 30}', headers
-    )
+    through_django, through_fast = both_ways(f"/api/{path}", b'{"ttl": 30}', headers)
     assert through_fast == through_django
     assert through_fast[0] == 401
 

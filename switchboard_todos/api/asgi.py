@@ -34,6 +34,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
+from django.core.handlers.asgi import get_script_prefix
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import get_resolver
@@ -235,10 +236,7 @@ def _finish_with_connections() -> None:
 
 def _route(scope: Scope) -> tuple[str, str | None] | None:
     """(verb, todo id) if the project's URLconf resolves the path to one of the verbs."""
-    path = scope["path"]
-    root = scope.get("root_path", "")
-    if root:
-        path = path.removeprefix(root)
+    path = scope["path"].removeprefix(get_script_prefix(scope))  # as ASGIRequest.path_info
     try:
         match = get_resolver().resolve(path)
     except Resolver404:
