@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
@@ -87,6 +88,7 @@ def fast() -> Iterator[asgi.AgentsAPIFirst]:
     yield app
     app.close()
     listen.stop_shared_listeners()  # the long polls' listener, before the database goes
+    asyncio.run(sync_to_async(connections.close_all)())  # and their connection, on asgiref's thread
 
 
 @pytest.fixture
@@ -316,11 +318,9 @@ def test_a_terminated_connection_costs_one_answer(tokens: dict[str, str]) -> Non
         for _ in range(3):
             Todo.objects.create_todo(queue="work", kind="k")
         assert call(app, "POST", "/api/claim/", b'{"ttl": 30}', headers).status == 200
+        kept = app._threads.submit(lambda: connection.connection.info.backend_pid).result()
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
+            cursor.execute("SELECT pg_terminate_backend(%s)", [kept])
         broken = call(app, "POST", "/api/claim/", b'{"ttl": 30}', headers)
         assert broken.status == 503 and broken.headers["retry-after"] == "5"
         assert broken.headers["content-type"] == "application/problem+json"
