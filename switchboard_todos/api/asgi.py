@@ -16,9 +16,9 @@ token, no cookie, session or CSRF token; the host is still checked against ALLOW
 project whose middleware must see every request serves Django's application alone, and the API
 works there too, at Django's cost (docs/agents.md).
 
-Each of the `threads` keeps its database connections from one request to the next, as a worker
-does, and closes them after a database error; under Django's connection pool each holds one of
-the pool's connections.
+Each of the `threads` keeps an unpooled database connection from one request to the next, as a
+worker does, and closes it after a database error (that request answers 503, the next one
+connects again); a connection of Django's pool goes back to the pool after each request.
 """
 
 from __future__ import annotations
