@@ -92,10 +92,12 @@ def _agent_by_hash(token_hash: str) -> Agent | None:
     with cursors.cursor(connections[alias]) as cursor:
         cursor.execute(agent_queries["authenticate"], {"token_hash": token_hash})
         row = cursor.fetchone()
-        columns = [column.name for column in cursor.description or ()]
-    if row is None:
-        return None
-    values = dict(zip(columns, row, strict=True))
+        if row is None:
+            return None
+        # Column names straight from the result: `description` builds an object per column.
+        result = cursor.pgresult
+        names = [(result.fname(number) or b"").decode() for number in range(result.nfields)]
+    values = dict(zip(names, row, strict=True))
     fields = Agent._meta.concrete_fields
     return Agent.from_db(
         alias, [field.attname for field in fields], [values[field.column] for field in fields]
