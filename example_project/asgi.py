@@ -34,15 +34,19 @@ from switchboard_todos.api.asgi import AgentsAPIFirst  # noqa: E402
 from switchboard_todos.mcp.http import streamable_http  # noqa: E402
 
 mcp = streamable_http("/mcp")
+site = AgentsAPIFirst(django)
 
 
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     async with mcp.lifespan():
-        yield
+        try:
+            yield
+        finally:
+            site.close()  # the connections the agents' API threads keep
 
 
 application = Starlette(
-    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, AgentsAPIFirst(django)))],
+    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, site))],
     lifespan=lifespan,
 )
