@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeV
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 
@@ -411,12 +412,9 @@ class TodoManager(_TodoManagerBase["Todo"]):
         """Between the polls of an async blocking claim, return a pooled connection to the pool.
 
         Under ASGI, each request holds its connection until it ends: without this, every
-        waiting long poll would hold one, and a few would exhaust the pool. Unpooled
-        connections are kept: reconnecting for each poll would cost more than holding them.
+        waiting long poll would hold one, and a few would exhaust the pool.
         """
-        connection = connections[self._db_alias]
-        if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
-            connection.close()
+        give_back_if_pooled(connections[self._db_alias])
 
     async def _claim_batch(
         self,
@@ -896,6 +894,13 @@ class _Suspending(_Blocking):
 
     async def _give_back(self) -> None:
         await sync_to_async(self.manager._give_back_pooled_connection, thread_sensitive=True)()
+
+
+def give_back_if_pooled(connection: BaseDatabaseWrapper) -> None:
+    """Give a connection of Django's pool back to the pool, outside a transaction. An unpooled
+    one stays open: reconnecting each time would cost more than holding it."""
+    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+        connection.close()
 
 
 def run_now(coroutine: Coroutine[Any, Any, R]) -> R:

@@ -85,6 +85,9 @@ SERVER_ERROR = ErrorKind(
     500, "server-error", "Internal error", "Retry after a pause.", "InternalFailure"
 )
 
+#: What an agent that sent no bearer token is told, by every surface.
+NO_TOKEN = "No token: send the header Authorization: Bearer <token>."
+
 #: Exception class -> kind; a subclass takes its nearest listed base's kind.
 TABLE: dict[type[TodoError], ErrorKind] = {
     NotAuthenticated: NOT_AUTHENTICATED,

@@ -35,7 +35,7 @@ from django.db import connections, router
 from django.db.models import Q
 
 from switchboard_todos import cursors, placement, validation
-from switchboard_todos.agents import tokens
+from switchboard_todos.agents import errors, tokens
 from switchboard_todos.exceptions import (
     InvalidTodo,
     NotAuthenticated,
@@ -75,7 +75,7 @@ class Page(NamedTuple):
 def authenticate(token: str | None) -> Agent:
     """The active agent holding `token`, or NotAuthenticated; one statement."""
     if not token:
-        raise NotAuthenticated("No token: send the header Authorization: Bearer <token>.")
+        raise NotAuthenticated(errors.NO_TOKEN)
     if not isinstance(token, str) or not tokens.well_formed(token):
         raise NotAuthenticated("Unknown token.")
     agent = _agent_by_hash(tokens.token_hash(token))

@@ -54,6 +54,7 @@ from switchboard_todos.api.schemas import (
     Request,
 )
 from switchboard_todos.exceptions import TodoError
+from switchboard_todos.managers import give_back_if_pooled
 from switchboard_todos.models import Agent, Todo
 
 Scope = MutableMapping[str, Any]
@@ -65,36 +66,28 @@ ASGIApp = Callable[..., Awaitable[None]]
 
 #: The namespace the API's routes resolve in (api/urls.py).
 NAMESPACE = "switchboard_todos_api"
-#: What a request without a bearer token is told (as ninja's AuthenticationError is, problems.py).
-NO_TOKEN = "No token: send the header Authorization: Bearer <token>."
-
 Verb = Callable[[Agent, str, Any], Todo]
-#: The verbs on one todo answered here, by route name (api/views.py): the body's schema, whether
-#: the body may be left out, and the service call.
-BY_ID: dict[str, tuple[type[Request], bool, Verb]] = {
+#: The verbs on one todo answered here, by route name (api/views.py): the body's schema, and
+#: the service call.
+BY_ID: dict[str, tuple[type[Request], Verb]] = {
     "claim_todo": (
         ClaimOneIn,
-        False,
         lambda agent, todo_id, body: service.claim(agent, todo_id=todo_id, ttl=body.ttl)[0],
     ),
     "heartbeat": (
         HeartbeatIn,
-        False,
         lambda agent, todo_id, body: service.heartbeat(agent, todo_id, body.ttl),
     ),
     "complete": (
         CompleteIn,
-        True,
         lambda agent, todo_id, body: service.complete(agent, todo_id, body.result),
     ),
     "fail": (
         FailIn,
-        True,
         lambda agent, todo_id, body: service.fail(agent, todo_id, body.error, body.retry_in),
     ),
     "release": (
         ReleaseIn,
-        True,
         lambda agent, todo_id, body: service.release(agent, todo_id, body.delay),
     ),
 }
@@ -165,7 +158,7 @@ class AgentsAPIFirst:
         authorization = _header(scope, b"authorization")
         token = _bearer(authorization)
         if token is None:
-            return problems.problem_response(errors.NOT_AUTHENTICATED, NO_TOKEN)
+            return problems.problem_response(errors.NOT_AUTHENTICATED, errors.NO_TOKEN)
         arguments = _arguments(verb, body)
         loop = asyncio.get_running_loop()
         try:
@@ -198,7 +191,7 @@ def _perform(
             return arguments
         if verb != CLAIM:
             assert todo_id is not None
-            return BY_ID[verb][2](agent, todo_id, arguments)
+            return BY_ID[verb][1](agent, todo_id, arguments)
         assert isinstance(arguments, ClaimIn)
         if arguments.wait:
             return agent
@@ -230,8 +223,7 @@ def _finish_with_connections() -> None:
     for connection in connections.all(initialized_only=True):
         if connection.errors_occurred:
             connection.close_if_unusable_or_obsolete()
-        if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
-            connection.close()
+        give_back_if_pooled(connection)
 
 
 def _route(scope: Scope) -> tuple[str, str | None] | None:
@@ -308,11 +300,12 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 def _arguments(verb: str, body: bytes | None) -> Request | HttpResponse:
     """The verb's body, parsed and validated as ninja does; or the problem that refuses it."""
-    schema, optional = (ClaimIn, False) if verb == CLAIM else BY_ID[verb][:2]
+    schema = ClaimIn if verb == CLAIM else BY_ID[verb][0]
     if body is None:
-        return problems.problem_response(errors.BODY_TOO_LARGE, "The request body is too large.")
+        return problems.too_large_response()
     if not body:
-        if optional:
+        # The views take the body as optional where every field has a default (api/views.py).
+        if not any(field.is_required() for field in schema.model_fields.values()):
             return schema()
         return problems.invalid_fields_response([([], "Field required")])
     try:

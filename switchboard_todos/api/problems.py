@@ -148,9 +148,7 @@ def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
     cause = error.__cause__
     if isinstance(error, AuthenticationError):
         # No Authorization header, or not a Bearer one: the service never saw a token.
-        return problem_response(
-            errors.NOT_AUTHENTICATED, "No token: send the header Authorization: Bearer <token>."
-        )
+        return problem_response(errors.NOT_AUTHENTICATED, errors.NO_TOKEN)
     if isinstance(cause, TodoError):
         return _todo_error(request, cause)
     # ninja's own refusals of a request it could not read.
@@ -158,6 +156,11 @@ def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
 
 
 def _too_large(request: HttpRequest, error: RequestDataTooBig) -> HttpResponse:
+    return too_large_response()
+
+
+def too_large_response() -> HttpResponse:
+    """A body larger than DATA_UPLOAD_MAX_MEMORY_SIZE."""
     return problem_response(errors.BODY_TOO_LARGE, "The request body is too large.")
 
 
