@@ -104,6 +104,13 @@ def cursor(wrapper: BaseDatabaseWrapper) -> CursorWrapper:
     return wrapper.make_cursor(prepared)  # type: ignore[arg-type]
 
 
+def column_names(cursor: CursorWrapper) -> tuple[bytes | None, ...]:
+    """The names of the columns of the statement just run, read straight off its result:
+    `cursor.description` builds an object per column, costing more than a short row."""
+    result = cursor.pgresult
+    return tuple(result.fname(number) for number in range(result.nfields))
+
+
 def _read_timestamps_quickly(wrapper: BaseDatabaseWrapper, raw: Cursor[Any]) -> None:
     # Django's loader parses in Python, then labels the result with `wrapper.timezone`, the
     # session's time zone: psycopg's compiled loader gives that same datetime. Without time

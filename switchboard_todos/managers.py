@@ -759,9 +759,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         with cursors.cursor(connection) as cursor:
             cursor.execute(queries[name] if statement is None else statement, params)
             rows = cursor.fetchall()
-            # Column names straight from the result: `description` builds an object per column.
-            result = cursor.pgresult
-            columns = tuple(result.fname(number) for number in range(result.nfields))
+            columns = cursors.column_names(cursor)
         layout = self._layout(columns, extra)
         loaded = []
         for row in rows:

@@ -94,10 +94,8 @@ def _agent_by_hash(token_hash: str) -> Agent | None:
         row = cursor.fetchone()
         if row is None:
             return None
-        # Column names straight from the result: `description` builds an object per column.
-        result = cursor.pgresult
-        names = [(result.fname(number) or b"").decode() for number in range(result.nfields)]
-    values = dict(zip(names, row, strict=True))
+        names = [(name or b"").decode() for name in cursors.column_names(cursor)]
+    values: dict[str | None, Any] = dict(zip(names, row, strict=True))
     fields = Agent._meta.concrete_fields
     return Agent.from_db(
         alias, [field.attname for field in fields], [values[field.column] for field in fields]
