@@ -64,6 +64,20 @@ def _number(name: str, *, low: float, high: float | None, error_id: str) -> list
     ]
 
 
+def _whole_number(name: str, *, error_id: str) -> list[checks.Error]:
+    """A count or a size: a whole number of 1 or more."""
+    value = getattr(settings, f"SWITCHBOARD_TODOS_{name}", DEFAULTS[name])
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return []
+    return [
+        checks.Error(
+            f"SWITCHBOARD_TODOS_{name} must be a whole number of 1 or more, not {value!r}.",
+            hint=f"Remove it to use the default, {DEFAULTS[name]!r}.",
+            id=error_id,
+        )
+    ]
+
+
 def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     """Each SWITCHBOARD_TODOS_* setting has a usable type and range."""
     errors: list[checks.CheckMessage] = [
@@ -87,6 +101,19 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors += _boolean("PREPARE", error_id="switchboard_todos.E009")
     errors += _number("HORIZON_WARNING_AGE", low=0, high=None, error_id="switchboard_todos.E010")
     errors += _number("DEAD_TUPLES_WARNING", low=0, high=None, error_id="switchboard_todos.E011")
+    errors += _number("DEFAULT_TTL", low=1, high=43200, error_id="switchboard_todos.E012")
+    for name, error_id in (
+        ("MAX_ERRORS_KEPT", "E013"),
+        ("MAX_ERROR_BYTES", "E014"),
+        ("MAX_PROGRESS_BYTES", "E015"),
+        ("REAP_BATCH", "E016"),
+        ("AGENT_MAX_WAITS", "E017"),
+        ("AGENT_MAX_SESSIONS", "E018"),
+        ("AGENT_MAX_HELD", "E019"),
+        ("AGENT_MAX_CREATES_PER_MINUTE", "E023"),
+        ("AGENT_MAX_ATTEMPTS", "E024"),
+    ):
+        errors += _whole_number(name, error_id=f"switchboard_todos.{error_id}")
     errors += _database_options()
     errors += _schedules()
     errors += _queue_databases()

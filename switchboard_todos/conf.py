@@ -34,6 +34,26 @@ DEFAULTS: dict[str, Any] = {
     # Connection timeouts of the worker's and reaper's connections, over faults.py's defaults
     # (a value of None drops one): libpq parameters, and server settings sent with -c.
     "DATABASE_OPTIONS": {},
+    # A todo's failure history keeps its last MAX_ERRORS_KEPT entries (and counts the ones it
+    # dropped); each entry's error is trimmed to MAX_ERROR_BYTES of JSON.
+    "MAX_ERRORS_KEPT": 20,
+    "MAX_ERROR_BYTES": 64 * 1024,
+    # Largest progress note a heartbeat stores, in bytes of JSON.
+    "MAX_PROGRESS_BYTES": 16 * 1024,
+    # Most lapsed leases one statement of the reaper takes back: one short transaction each.
+    "REAP_BATCH": 1000,
+    # The lease, in seconds, of a claim that gives none, in a queue with no visibility timeout
+    # of its own (the Queue row's), as SQS's default visibility timeout.
+    "DEFAULT_TTL": 30.0,
+    # What one remote agent may take, unless its own row says otherwise (the Agent's fields):
+    # long polls waiting at once (per server process), MCP sessions open at once (per server
+    # process), todos held at once, todos created per minute, and the highest max_attempts it
+    # may give a todo.
+    "AGENT_MAX_WAITS": 8,
+    "AGENT_MAX_SESSIONS": 8,
+    "AGENT_MAX_HELD": 100,
+    "AGENT_MAX_CREATES_PER_MINUTE": 600,
+    "AGENT_MAX_ATTEMPTS": 25,
 }
 
 
@@ -90,6 +110,46 @@ class Settings:
     @property
     def DATABASE_OPTIONS(self) -> dict[str, Any]:
         return dict(self._get("DATABASE_OPTIONS"))
+
+    @property
+    def MAX_ERRORS_KEPT(self) -> int:
+        return int(self._get("MAX_ERRORS_KEPT"))
+
+    @property
+    def MAX_ERROR_BYTES(self) -> int:
+        return int(self._get("MAX_ERROR_BYTES"))
+
+    @property
+    def MAX_PROGRESS_BYTES(self) -> int:
+        return int(self._get("MAX_PROGRESS_BYTES"))
+
+    @property
+    def REAP_BATCH(self) -> int:
+        return int(self._get("REAP_BATCH"))
+
+    @property
+    def DEFAULT_TTL(self) -> float:
+        return float(self._get("DEFAULT_TTL"))
+
+    @property
+    def AGENT_MAX_WAITS(self) -> int:
+        return int(self._get("AGENT_MAX_WAITS"))
+
+    @property
+    def AGENT_MAX_SESSIONS(self) -> int:
+        return int(self._get("AGENT_MAX_SESSIONS"))
+
+    @property
+    def AGENT_MAX_HELD(self) -> int:
+        return int(self._get("AGENT_MAX_HELD"))
+
+    @property
+    def AGENT_MAX_CREATES_PER_MINUTE(self) -> int:
+        return int(self._get("AGENT_MAX_CREATES_PER_MINUTE"))
+
+    @property
+    def AGENT_MAX_ATTEMPTS(self) -> int:
+        return int(self._get("AGENT_MAX_ATTEMPTS"))
 
 
 conf = Settings()

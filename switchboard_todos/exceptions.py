@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class TodoError(Exception):
     """Base class of every switchboard-todos error; do not raise it directly."""
@@ -25,6 +27,13 @@ class TodoConflict(TodoError):
         self.state = state
         self.owner = owner
         super().__init__(message)
+
+
+class TodoCancelled(TodoConflict):
+    """An operator cancelled the todo: its holder must stop work on it and not complete it.
+
+    Its heartbeat, complete and fail answer this instead of the plain conflict.
+    """
 
 
 class InvalidTodo(TodoError, ValueError):
@@ -53,3 +62,14 @@ class NotAuthenticated(TodoError):
 
 class QueueNotGranted(TodoError, PermissionError):
     """A remote agent asked for a queue it was not granted (HTTP 403)."""
+
+
+class Throttled(TodoError):
+    """A remote agent went past one of its limits (SWITCHBOARD_TODOS_AGENT_*); nothing changed.
+
+    `retry_after` is how many seconds to wait before trying again (HTTP's Retry-After).
+    """
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        self.retry_after = max(1, math.ceil(retry_after))
+        super().__init__(message)

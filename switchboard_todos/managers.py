@@ -8,8 +8,9 @@ operation's row in `transitions.py`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar
@@ -356,56 +357,65 @@ class TodoManager(_TodoManagerBase["Todo"]):
         self,
         queues: str | Iterable[str],
         owner: str,
-        ttl: Seconds,
+        ttl: Seconds | None = None,
         *,
         wait: Seconds | None = None,
+        max_held: int | None = None,
     ) -> Todo | None:
         """Claim the longest-claimable todo in `queues` for `owner`, or return None.
 
         One statement; rows other workers are claiming are skipped, never waited for. With
         `wait`, block until a todo is claimable or `wait` has passed (SQS long polling),
-        woken by LISTEN/NOTIFY (unless SWITCHBOARD_TODOS_LISTEN is off) and polling.
+        woken by LISTEN/NOTIFY (unless SWITCHBOARD_TODOS_LISTEN is off) and polling. With
+        `max_held`, claim nothing once `owner` holds that many todos. Without `ttl`, each todo's
+        lease is its queue's visibility timeout (Queue), else SWITCHBOARD_TODOS_DEFAULT_TTL.
         """
-        claimed = self.claim_batch(queues, owner, ttl, limit=1, wait=wait)
+        claimed = self.claim_batch(queues, owner, ttl, limit=1, wait=wait, max_held=max_held)
         return claimed[0] if claimed else None
 
     def claim_batch(
         self,
         queues: str | Iterable[str],
         owner: str,
-        ttl: Seconds,
+        ttl: Seconds | None,
         limit: int,
         *,
         wait: Seconds | None = None,
+        max_held: int | None = None,
     ) -> list[Todo]:
         """Claim up to `limit` claimable todos in `queues` for `owner`, oldest first.
 
-        With `wait`, block until at least one is claimable or `wait` has passed.
+        With `wait`, block until at least one is claimable or `wait` has passed. With
+        `max_held`, claim only as many as bring the todos `owner` holds up to that many.
         """
-        return run_now(self._claim_batch(_Blocking(self), queues, owner, ttl, limit, wait))
+        return run_now(
+            self._claim_batch(_Blocking(self), queues, owner, ttl, limit, wait, max_held)
+        )
 
     async def aclaim_batch(
         self,
         queues: str | Iterable[str],
         owner: str,
-        ttl: Seconds,
+        ttl: Seconds | None,
         limit: int,
         *,
         wait: Seconds | None = None,
+        max_held: int | None = None,
     ) -> list[Todo]:
         """Async twin of `claim_batch`; a blocking claim waits without holding a thread."""
-        return await self._claim_batch(_Suspending(self), queues, owner, ttl, limit, wait)
+        return await self._claim_batch(_Suspending(self), queues, owner, ttl, limit, wait, max_held)
 
     async def aclaim_next(
         self,
         queues: str | Iterable[str],
         owner: str,
-        ttl: Seconds,
+        ttl: Seconds | None = None,
         *,
         wait: Seconds | None = None,
+        max_held: int | None = None,
     ) -> Todo | None:
         """Async twin of `claim_next`."""
-        claimed = await self.aclaim_batch(queues, owner, ttl, limit=1, wait=wait)
+        claimed = await self.aclaim_batch(queues, owner, ttl, limit=1, wait=wait, max_held=max_held)
         return claimed[0] if claimed else None
 
     def _give_back_pooled_connection(self) -> None:
@@ -421,12 +431,17 @@ class TodoManager(_TodoManagerBase["Todo"]):
         io: _Blocking,
         queues: str | Iterable[str],
         owner: str,
-        ttl: Seconds,
+        ttl: Seconds | None,
         limit: int,
         wait: Seconds | None,
+        max_held: int | None,
     ) -> list[Todo]:
         """`claim_batch` and its twin, one code: `io` claims, subscribes and waits, each its way."""
-        params = validation.arguments(queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait)
+        params = _leased(
+            validation.arguments(
+                queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait, max_held=max_held
+            )
+        )
         placed = self._placed(params["queues"])
         if placed is not self:
             io = type(io)(placed)
@@ -455,7 +470,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
             waiting.close()
 
     def claim_filtered(
-        self, queryset: TodoQuerySet, owner: str, ttl: Seconds, limit: int
+        self, queryset: TodoQuerySet, owner: str, ttl: Seconds | None, limit: int
     ) -> list[Todo]:
         """Claim up to `limit` of the todos `queryset` selects, in claim order, in one statement.
 
@@ -467,9 +482,9 @@ class TodoManager(_TodoManagerBase["Todo"]):
                 f"{type(queryset).__name__}."
             )
         queryset._check_claimable()
-        params = validation.arguments(owner=owner, ttl=ttl, limit=limit)
+        params = _leased(validation.arguments(owner=owner, ttl=ttl, limit=limit))
         scans, scan_params = queryset._candidates(params["owner"], params["limit"])
-        params = {**params, **scan_params}
+        params = {**params, **scan_params, "max_held": None}
         statement = queries["claim_filtered"].format_map(scans)
         for _ in range(KEY_RACE_TRIES):
             try:
@@ -538,9 +553,9 @@ class TodoManager(_TodoManagerBase["Todo"]):
         _BLOCKING_OUTAGE.passed()
         return claimed, None, 0.0
 
-    def claim(self, todo_id: str, owner: str, ttl: Seconds) -> Todo:
+    def claim(self, todo_id: str, owner: str, ttl: Seconds | None = None) -> Todo:
         """Claim one todo by id; it must be due, and assigned to `owner` or to nobody."""
-        params = validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl)
+        params = _leased(validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl))
         try:
             claimed = self._transition("claim", params)
         except IntegrityError as error:
@@ -551,21 +566,23 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
     # The owner's verbs
 
-    def heartbeat(self, todo_id: str, owner: str, ttl: Seconds) -> Todo:
+    def heartbeat(self, todo_id: str, owner: str, ttl: Seconds | None = None) -> Todo:
         """Extend the lease on a todo `owner` holds to `ttl` from now."""
-        params = validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl)
+        params = _leased(validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl))
         return self._transition("heartbeat", params) or self._classify_miss(
             "heartbeat", todo_id, owner
         )
 
-    def heartbeat_many(self, owner: str, ttl: Seconds, todo_ids: Iterable[str]) -> Heartbeats:
+    def heartbeat_many(
+        self, owner: str, ttl: Seconds | None, todo_ids: Iterable[str]
+    ) -> Heartbeats:
         """Extend the leases of the todos `owner` holds among `todo_ids`, in one statement.
 
         The statement never waits on a row lock: a todo another session holds locked is left
         out of both lists of the answer, to be tried again at the next beat. `lost` names the
         todos `owner` no longer holds.
         """
-        params = validation.arguments(owner=owner, ttl=ttl, todo_ids=todo_ids)
+        params = _leased(validation.arguments(owner=owner, ttl=ttl, todo_ids=todo_ids))
         with self._cursor() as cursor:
             cursor.execute(queries["heartbeat_many"], params)
             held = cursor.fetchall()
@@ -624,12 +641,22 @@ class TodoManager(_TodoManagerBase["Todo"]):
     # Operators and the reaper
 
     def reap_expired(self) -> ReapResult:
-        """Requeue every todo whose lease lapsed, or dead-letter it when no attempt is left."""
-        with self._cursor() as cursor:
-            cursor.execute(queries["reap_expired"], {"notify": conf.LISTEN})
-            requeued, dead_lettered, ids = cursor.fetchone()
-        self._signal("reap_expired", lambda: self._reread(ids))
-        return ReapResult(requeued=requeued, dead_lettered=dead_lettered)
+        """Requeue every todo whose lease lapsed, or dead-letter it when no attempt is left.
+
+        In batches of SWITCHBOARD_TODOS_REAP_BATCH, one statement (and, outside a transaction,
+        one commit) each, so that no sweep holds many rows locked at once.
+        """
+        requeued = dead_lettered = 0
+        params = {"notify": conf.LISTEN, "limit": conf.REAP_BATCH}
+        while True:
+            with self._cursor() as cursor:
+                cursor.execute(queries["reap_expired"], params)
+                batch_requeued, batch_dead_lettered, ids = cursor.fetchone()
+            self._signal("reap_expired", functools.partial(self._reread, ids))
+            requeued += batch_requeued
+            dead_lettered += batch_dead_lettered
+            if len(ids) < params["limit"]:
+                return ReapResult(requeued=requeued, dead_lettered=dead_lettered)
 
     def requeue(self, todo_id: str) -> Todo:
         """Send a dead letter back to pending with its attempt budget reset."""
@@ -927,6 +954,11 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
     "concurrency_key": ("concurrency_key", None),
     "run_after": ("next_retry_at", None),
 }
+
+
+def _leased(params: dict[str, Any]) -> dict[str, Any]:
+    """A claim's or heartbeat's parameters with the lease of a call that gives no ttl."""
+    return {**params, "default_ttl": timedelta(seconds=conf.DEFAULT_TTL)}
 
 
 def _constraint_name(error: IntegrityError) -> str | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
+from datetime import timedelta
 
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
@@ -18,7 +20,16 @@ from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.managers import TodoManager
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, PERMISSIONS, State
 
-__all__ = ["Agent", "Event", "Schedule", "State", "Todo", "new_event_id", "new_todo_id"]
+__all__ = [
+    "Agent",
+    "Event",
+    "Queue",
+    "Schedule",
+    "State",
+    "Todo",
+    "new_event_id",
+    "new_todo_id",
+]
 
 
 def new_event_id() -> str:
@@ -31,14 +42,15 @@ def new_todo_id() -> str:
     return f"td_{uuid.uuid4()}"
 
 
+def _random_uuid() -> models.Func:
+    return models.Func(function="gen_random_uuid", output_field=models.UUIDField())
+
+
 def _prefixed_uuid(prefix: str) -> models.Func:
     """Database default `'<prefix>_' || gen_random_uuid()`, so raw SQL inserts get an id too."""
     return models.Func(
         models.Value(f"{prefix}_"),
-        Cast(
-            models.Func(function="gen_random_uuid", output_field=models.UUIDField()),
-            models.TextField(),
-        ),
+        Cast(_random_uuid(), models.TextField()),
         template="(%(expressions)s)",
         arg_joiner=" || ",
         output_field=models.TextField(),
@@ -119,7 +131,14 @@ class Todo(models.Model):
     concurrency_key = models.TextField(null=True, blank=True)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
+    # The failure history: the last SWITCHBOARD_TODOS_MAX_ERRORS_KEPT attempts that failed or
+    # lapsed, oldest first, and how many earlier entries were dropped to keep it that short.
     errors = models.JSONField(db_default=models.Value([], models.JSONField()))
+    errors_dropped = models.IntegerField(db_default=0)
+    # The holder's latest progress note (heartbeat(progress=...)), any JSON value.
+    progress = models.JSONField(null=True, blank=True)
+    # Someone waits for this todo to finish (wait_for): its end sends a notification.
+    awaited = models.BooleanField(db_default=False)
     created_at = models.DateTimeField(db_default=_now())
     updated_at = models.DateTimeField(db_default=_now())
     claimed_at = models.DateTimeField(null=True, blank=True)
@@ -226,6 +245,13 @@ class Todo(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 name="idx_todos_key",
             ),
+            # The todos an agent holds, counted against its quota at each of its claims; only
+            # in-flight rows.
+            models.Index(
+                fields=["owner"],
+                condition=Q(state=State.CLAIMED),
+                name="idx_todos_held",
+            ),
             # The assignee filter and its list of assignees; few todos are assigned.
             models.Index(
                 fields=["assignee"],
@@ -246,13 +272,18 @@ agent_name_validator = RegexValidator(
 )
 
 
+def validate_queue_name(name: str) -> None:
+    """A valid queue name (for the admin's forms)."""
+    try:
+        validation.queue(name)
+    except InvalidTodo as error:
+        raise ValidationError(str(error)) from None
+
+
 def validate_queue_names(names: list[str]) -> None:
     """Each of an agent's granted queues is a valid queue name (for the admin's form)."""
     for name in names:
-        try:
-            validation.queue(name)
-        except InvalidTodo as error:
-            raise ValidationError(str(error)) from None
+        validate_queue_name(name)
 
 
 class Agent(models.Model):
@@ -285,6 +316,38 @@ class Agent(models.Model):
     created_at = models.DateTimeField(db_default=_now(), editable=False)
     #: Updated at most once a minute by the requests the agent makes.
     last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: Random, new with every token: what credentials derived from the token (SQS secrets) mix
+    #: in, so that a deleted or revoked agent's stay dead.
+    credential_salt = models.TextField(
+        default=secrets.token_hex,
+        db_default=Cast(_random_uuid(), models.TextField()),
+        editable=False,
+    )
+    # Quotas; empty takes the project's default (SWITCHBOARD_TODOS_AGENT_*).
+    max_held = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=_("Most todos it may hold at once; empty: SWITCHBOARD_TODOS_AGENT_MAX_HELD."),
+    )
+    max_creates_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "Most todos it may create per minute; empty: "
+            "SWITCHBOARD_TODOS_AGENT_MAX_CREATES_PER_MINUTE."
+        ),
+    )
+    max_attempts_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "The highest max_attempts it may give a todo; empty: "
+            "SWITCHBOARD_TODOS_AGENT_MAX_ATTEMPTS."
+        ),
+    )
+    #: The creation quota's current minute and how many todos it created in it.
+    creates_window = models.DateTimeField(null=True, blank=True, editable=False)
+    creates_in_window = models.IntegerField(default=0, editable=False)
 
     class Meta:
         db_table = "todo_agents"
@@ -344,6 +407,81 @@ class Schedule(models.Model):
         db_table = "todo_schedules"
         ordering = ["name"]
         permissions = [("pause_schedule", "Can pause and resume schedules")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Queue(models.Model):
+    """A queue's settings, for an operator to steer it: no row means the defaults.
+
+    Claims read the row of each queue they scan in their one statement: a paused queue is
+    passed over, and a queue with a rate or concurrency limit is claimed from one claim at a
+    time (its row locked) within what the limits leave (docs/queues.md). Rows are made by the
+    operator (admin, `manage.py todo_queue`), and live in the database the queue's todos do.
+    """
+
+    name = models.TextField(primary_key=True, validators=[validate_queue_name])
+    description = models.TextField(blank=True, default="")
+    paused = models.BooleanField(
+        default=False, help_text=_("A paused queue's todos are not claimed; held ones finish.")
+    )
+    resume_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("A paused queue resumes by itself at this time.")
+    )
+    visibility_timeout = models.DurationField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "The lease of a claim that gives none (SQS's visibility timeout); empty: "
+            "SWITCHBOARD_TODOS_DEFAULT_TTL."
+        ),
+    )
+    max_attempts = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("Attempts a new todo gets unless it says otherwise.")
+    )
+    rate_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("At most this many claims per rate period.")
+    )
+    rate_period = models.DurationField(null=True, blank=True)
+    concurrency_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("At most this many of its todos claimed at once.")
+    )
+    retention = models.DurationField(
+        null=True,
+        blank=True,
+        help_text=_("The reaper deletes its done and failed todos older than this."),
+    )
+    #: The rate limit's current window (its start) and the claims made in it.
+    rate_window = models.DateTimeField(null=True, blank=True, editable=False)
+    rate_count = models.IntegerField(default=0, editable=False)
+    created_at = models.DateTimeField(db_default=_now(), editable=False)
+    updated_at = models.DateTimeField(db_default=_now(), editable=False)
+
+    class Meta:
+        db_table = "todo_queues"
+        ordering = ["name"]
+        permissions = [("pause_queue", "Can pause and resume queues")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(rate_limit__isnull=True, rate_period__isnull=True)
+                | Q(rate_limit__gt=0, rate_period__gt=timedelta(0)),
+                name="todo_queues_rate_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(concurrency_limit__isnull=True) | Q(concurrency_limit__gt=0),
+                name="todo_queues_concurrency_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(visibility_timeout__isnull=True)
+                | Q(visibility_timeout__gt=timedelta(0)),
+                name="todo_queues_visibility_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__isnull=True) | Q(max_attempts__gt=0),
+                name="todo_queues_max_attempts_valid",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

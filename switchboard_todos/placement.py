@@ -51,6 +51,13 @@ def queue_databases() -> Mapping[str, str]:
     return configured
 
 
+def _queue_of(instance: Model | None) -> object:
+    """The queue a model instance belongs to: a todo's queue, a queue's settings row's name."""
+    if instance is not None and instance._meta.model_name == "queue":
+        return getattr(instance, "name", None)
+    return getattr(instance, "queue", None)
+
+
 class QueueRouter:
     """Place each queue's todos by SWITCHBOARD_TODOS_QUEUE_DATABASES; the rest in `default`.
 
@@ -65,7 +72,7 @@ class QueueRouter:
         instance = hints.get("instance")
         if instance is not None and instance._state.db is not None:
             return str(instance._state.db)
-        queue = hints.get("queue", getattr(instance, "queue", None))
+        queue = hints.get("queue", _queue_of(instance))
         if not isinstance(queue, str):
             return None
         for pattern, alias in queue_databases().items():

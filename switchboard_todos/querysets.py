@@ -38,23 +38,23 @@ _PLACEHOLDER = re.compile(r"%%|%s")
 class TodoQuerySet(models.QuerySet["Todo"]):
     """`Todo.objects.filter(...)`: Django's queryset, plus claims of the todos it selects."""
 
-    def claim_next(self, owner: str, ttl: Seconds) -> Todo | None:
+    def claim_next(self, owner: str, ttl: Seconds | None = None) -> Todo | None:
         """Claim the longest-claimable todo of the highest priority this queryset selects."""
         claimed = self.claim_batch(owner, ttl, 1)
         return claimed[0] if claimed else None
 
-    def claim_batch(self, owner: str, ttl: Seconds, limit: int) -> list[Todo]:
+    def claim_batch(self, owner: str, ttl: Seconds | None, limit: int) -> list[Todo]:
         """Claim up to `limit` todos this queryset selects, in claim order, in one statement."""
         manager = self.model._default_manager.db_manager(self.db)
         return manager.claim_filtered(self, owner, ttl, limit)
 
-    async def aclaim_next(self, owner: str, ttl: Seconds) -> Todo | None:
+    async def aclaim_next(self, owner: str, ttl: Seconds | None = None) -> Todo | None:
         """Async twin of `claim_next`."""
         from asgiref.sync import sync_to_async
 
         return await sync_to_async(self.claim_next, thread_sensitive=True)(owner, ttl)
 
-    async def aclaim_batch(self, owner: str, ttl: Seconds, limit: int) -> list[Todo]:
+    async def aclaim_batch(self, owner: str, ttl: Seconds | None, limit: int) -> list[Todo]:
         """Async twin of `claim_batch`."""
         from asgiref.sync import sync_to_async
 

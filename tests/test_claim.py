@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from switchboard_todos.marks import marks
-from switchboard_todos.models import State, Todo
+from switchboard_todos.models import Queue, State, Todo
 from tests.helpers import MakeTodo
 
 LAPSED = timedelta(seconds=-5)
@@ -108,3 +109,37 @@ def test_reap_requeues_lapsed_and_dead_letters_exhausted(make_todo: MakeTodo) ->
     for todo in others:
         assert Todo.objects.get(pk=todo.pk).updated_at == todo.updated_at
     assert tuple(Todo.objects.reap_expired()) == (0, 0)
+
+
+def test_max_held_claims_only_up_to_what_the_owner_may_hold(make_todo: MakeTodo) -> None:
+    """With max_held, a claim tops the owner's held todos up to it, and then claims nothing."""
+    make_todo(state=State.CLAIMED, owner="w1")
+    make_todo(state=State.CLAIMED, owner="w2")
+    for _ in range(5):
+        make_todo()
+    assert len(Todo.objects.claim_batch("default", "w1", 30, limit=10, max_held=3)) == 2
+    assert Todo.objects.claim_next("default", "w1", 30, max_held=3) is None
+    assert len(Todo.objects.claim_batch("default", "w2", 30, limit=10, max_held=2)) == 1
+    assert len(Todo.objects.claim_batch("default", "w3", 30, limit=10)) == 2
+
+
+def test_a_claim_without_ttl_takes_its_queues_visibility_timeout(
+    make_todo: MakeTodo, settings: Any
+) -> None:
+    """No ttl: the lease is the queue's visibility timeout (Queue), else DEFAULT_TTL; a
+    heartbeat without ttl extends it as much."""
+    settings.SWITCHBOARD_TODOS_DEFAULT_TTL = 45
+    Queue.objects.create(name="slow", visibility_timeout=timedelta(minutes=10))
+    slow, default = make_todo(queue="slow"), make_todo()
+    claimed = Todo.objects.claim_batch(["slow", "default"], "w1", None, limit=2)
+    leases = {todo.id: lease_of(todo, todo.claimed_at) for todo in claimed}
+    assert leases == {slow.id: timedelta(minutes=10), default.id: timedelta(seconds=45)}
+    beaten = Todo.objects.heartbeat(slow.id, "w1")
+    assert lease_of(beaten, beaten.updated_at) == timedelta(minutes=10)
+    assert Todo.objects.claim_next("default", "w2", 5) is None
+
+
+def lease_of(todo: Todo, since: datetime | None) -> timedelta:
+    """How long a todo's lease runs from `since` (the claim's or the heartbeat's now())."""
+    assert todo.lease_expires_at is not None and since is not None
+    return todo.lease_expires_at - since

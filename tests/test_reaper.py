@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -397,3 +398,19 @@ def test_shutdown_off_the_main_thread_stops_only_on_request() -> None:
     thread.start()
     thread.join(timeout=60)
     assert seen == [True, True]
+
+
+def test_reap_works_in_bounded_batches(
+    make_todo: MakeTodo, settings: Any, django_assert_num_queries: Any
+) -> None:
+    """The reaper takes lapsed leases back REAP_BATCH at a time: 5 lapsed, batches of 2, three
+    statements, and every one of them requeued."""
+    settings.SWITCHBOARD_TODOS_REAP_BATCH = 2
+    lapsed = [
+        make_todo(state=State.CLAIMED, lease_expires_in=timedelta(seconds=-5)) for _ in range(5)
+    ]
+    with django_assert_num_queries(3):
+        assert Todo.objects.reap_expired() == (5, 0)
+    assert {todo.state for todo in Todo.objects.filter(pk__in=[t.id for t in lapsed])} == {
+        State.PENDING
+    }

@@ -240,9 +240,11 @@ CLAIM_INDEXES = {
     "idx_todos_pending",
     "idx_todos_scheduled",
     "idx_todos_lease",
+    "idx_todos_held",
     "idx_todos_key_claimed",
     "idx_todos_key_order",
     "todos_pkey",
+    "todo_queues_pkey",
 }
 
 
@@ -260,7 +262,9 @@ def test_claim_next_is_an_index_scan_per_queue(
         "queues": queues,
         "owner": "w1",
         "ttl": "30s",
+        "default_ttl": "30s",
         "limit": 1,
+        "max_held": None,
         **claim_marks(queues, known=generic),
     }
     plan = explain_generic("claim_next", params) if generic else explain("claim_next", params)
@@ -292,7 +296,9 @@ def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
         "queues": ["a", "b"],
         "owner": "w1",
         "ttl": "30s",
+        "default_ttl": "30s",
         "limit": 10,
+        "max_held": None,
         **claim_marks(["a", "b"], known=True),
     }
     before = explain_generic("claim_next", params)["Total Cost"]
@@ -314,7 +320,7 @@ def test_claim_scans_lock_under_the_largest_claim_limit() -> None:
 
 def test_reap_uses_the_lease_index(backlog: None) -> None:
     """The reaper reads only in-flight rows, through idx_todos_lease."""
-    plan = explain("reap_expired", {"notify": True})
+    plan = explain("reap_expired", {"notify": True, "limit": 1000})
     assert "idx_todos_lease" in {node.get("Index Name") for node in nodes(plan)}
 
 

@@ -13,6 +13,8 @@ from switchboard_todos.exceptions import (
     InvalidTodo,
     NotAuthenticated,
     QueueNotGranted,
+    Throttled,
+    TodoCancelled,
     TodoConflict,
     TodoError,
     TodoNotFound,
@@ -68,6 +70,20 @@ TODO_CONFLICT = ErrorKind(
     "stop working on it, do not complete it.",
     "ReceiptHandleIsInvalid",
 )
+TODO_CANCELLED = ErrorKind(
+    409,
+    "todo-cancelled",
+    "Cancelled",
+    "An operator cancelled this todo: stop work on it now and do not complete it.",
+    "MessageNotInflight",
+)
+THROTTLED = ErrorKind(
+    429,
+    "throttled",
+    "Too many requests",
+    "Wait the seconds the answer gives (Retry-After) before trying again; nothing changed.",
+    "RequestThrottled",
+)
 INVALID_INPUT = ErrorKind(
     422, "invalid-input", "Invalid input", "Fix the arguments as the detail says; nothing changed."
 )
@@ -93,7 +109,9 @@ TABLE: dict[type[TodoError], ErrorKind] = {
     NotAuthenticated: NOT_AUTHENTICATED,
     QueueNotGranted: QUEUE_NOT_GRANTED,
     TodoNotFound: TODO_NOT_FOUND,
+    TodoCancelled: TODO_CANCELLED,
     TodoConflict: TODO_CONFLICT,
+    Throttled: THROTTLED,
     InvalidTodo: INVALID_INPUT,
 }
 

@@ -23,7 +23,7 @@ from ninja.parser import Parser
 from switchboard_todos import faults
 from switchboard_todos.agents import errors
 from switchboard_todos.agents.errors import ErrorKind
-from switchboard_todos.exceptions import InvalidTodo, NotAuthenticated, TodoError
+from switchboard_todos.exceptions import InvalidTodo, NotAuthenticated, Throttled, TodoError
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,10 @@ def todo_error_response(error: TodoError, authorization: str) -> HttpResponse:
     # RFC 6750: a token that was sent but refused is an invalid_token.
     scheme, _, token = authorization.partition(" ")
     sent = scheme.lower() == "bearer" and bool(token.strip())
+    if isinstance(error, Throttled):
+        response = problem_response(errors.THROTTLED, str(error), retry_after=error.retry_after)
+        response["Retry-After"] = str(error.retry_after)
+        return response
     return problem_response(
         errors.kind_of(error),
         str(error),

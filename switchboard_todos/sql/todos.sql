@@ -68,7 +68,9 @@ SELECT * FROM (
 
 -- fragment: picked
 -- The "picked" CTE of a claim: of the candidates of its ready, due and lapsed scans, the first
--- %(limit)s by priority, then claimable time, taking one todo at most per concurrency key.
+-- %(limit)s by priority, then claimable time, taking one todo at most per concurrency key; with
+-- %(max_held)s, only as many as bring the todos %(owner)s holds up to it (counted only then, on
+-- idx_todos_held).
 picked AS MATERIALIZED (
     SELECT id, priority, claimable_at
       FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(concurrency_key, id)
@@ -78,7 +80,11 @@ picked AS MATERIALIZED (
            ) AS first_per_key
      WHERE nth = 1
      ORDER BY priority DESC, claimable_at
-     LIMIT (SELECT %(limit)s::int)
+     LIMIT (SELECT CASE WHEN %(max_held)s::int IS NULL THEN %(limit)s::int
+                   ELSE greatest(0, least(%(limit)s::int, %(max_held)s::int - (
+                            SELECT count(*) FROM todos AS held
+                             WHERE held.state = 'claimed' AND held.owner = %(owner)s)::int))
+                   END)
 )
 
 -- fragment: unless_key_held
@@ -115,12 +121,21 @@ jsonb_build_object('type', 'LeaseExpired',
 -- The error of a todo an operator cancelled (dead_letter), with %(reason)s as its message.
 jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text)
 
+-- fragment: lease_end(todo)
+-- When the lease a claim or heartbeat gives `todo` ends: %(ttl)s from now, or, when the caller
+-- gave none, its queue's visibility timeout (todo_queues), else %(default_ttl)s
+-- (SWITCHBOARD_TODOS_DEFAULT_TTL). The queue's row is read only when no ttl was given.
+now() + coalesce(%(ttl)s::interval,
+                 (SELECT settings.visibility_timeout FROM todo_queues AS settings
+                   WHERE settings.name = $todo.queue),
+                 %(default_ttl)s::interval)
+
 -- fragment: set_claimed
--- What a claim writes: the lease to %(owner)s for %(ttl)s, one more attempt. A claim that takes
+-- What a claim writes: the lease to %(owner)s (lease_end), one more attempt. A claim that takes
 -- over a lapsed lease records the lapsed attempt in the failure history.
 SET state = 'claimed',
     owner = %(owner)s,
-    lease_expires_at = now() + %(ttl)s::interval,
+    lease_expires_at = {{lease_end(todos)}},
     attempt = attempt + 1,
     claimed_at = now(),
     next_retry_at = NULL,
@@ -338,9 +353,9 @@ UPDATE todos
 RETURNING *;
 
 -- name: heartbeat
--- Extend the lease of a todo the owner still holds. Guard: claimed, same owner.
+-- Extend the lease of a todo the owner still holds (lease_end). Guard: claimed, same owner.
 UPDATE todos
-   SET lease_expires_at = now() + %(ttl)s::interval, updated_at = now()
+   SET lease_expires_at = {{lease_end(todos)}}, updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
 RETURNING *;
 
@@ -351,7 +366,7 @@ RETURNING *;
 -- Returns each id the owner held when the statement began, and whether its lease was extended.
 WITH extended AS (
 UPDATE todos
-   SET lease_expires_at = now() + %(ttl)s::interval, updated_at = now()
+   SET lease_expires_at = {{lease_end(todos)}}, updated_at = now()
  WHERE id = ANY (ARRAY(
            SELECT id FROM todos
             WHERE id = ANY (%(todo_ids)s::text[]) AND state = 'claimed' AND owner = %(owner)s
@@ -422,12 +437,16 @@ RETURNING *
 SELECT * FROM released WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: reap_expired
--- Return every lapsed lease to pending, or dead-letter it when its attempts are used up.
--- Rows another session is transitioning right now are skipped, so reapers never block or race.
+-- Return up to %(limit)s lapsed leases to pending, the longest lapsed first, or dead-letter them
+-- when their attempts are used up: one bounded batch, which the reaper repeats while batches
+-- come back full. Rows another session is transitioning right now are skipped, so reapers
+-- never block or race.
 WITH lapsed AS (
     SELECT id
       FROM todos
      WHERE state = 'claimed' AND lease_expires_at <= now()
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ),
 reaped AS (

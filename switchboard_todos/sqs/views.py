@@ -52,6 +52,8 @@ STATUS = {
     "IncompleteSignature": 403,
     "MissingAuthenticationToken": 403,
     "AccessDenied": 403,
+    # As SQS, and as botocore's retry rules expect it (a throttled request is retried).
+    "RequestThrottled": 403,
     "ServiceUnavailable": 503,
     "InternalFailure": 500,
 }
