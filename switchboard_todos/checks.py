@@ -103,17 +103,17 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors += _number("DEAD_TUPLES_WARNING", low=0, high=None, error_id="switchboard_todos.E011")
     errors += _number("DEFAULT_TTL", low=1, high=43200, error_id="switchboard_todos.E012")
     for name, error_id in (
-        ("MAX_ERRORS_KEPT", "E013"),
-        ("MAX_ERROR_BYTES", "E014"),
-        ("MAX_PROGRESS_BYTES", "E015"),
-        ("REAP_BATCH", "E016"),
-        ("AGENT_MAX_WAITS", "E017"),
-        ("AGENT_MAX_SESSIONS", "E018"),
-        ("AGENT_MAX_HELD", "E019"),
-        ("AGENT_MAX_CREATES_PER_MINUTE", "E023"),
-        ("AGENT_MAX_ATTEMPTS", "E024"),
+        ("MAX_ERRORS_KEPT", "switchboard_todos.E013"),
+        ("MAX_ERROR_BYTES", "switchboard_todos.E014"),
+        ("MAX_PROGRESS_BYTES", "switchboard_todos.E015"),
+        ("REAP_BATCH", "switchboard_todos.E016"),
+        ("AGENT_MAX_WAITS", "switchboard_todos.E017"),
+        ("AGENT_MAX_SESSIONS", "switchboard_todos.E018"),
+        ("AGENT_MAX_HELD", "switchboard_todos.E019"),
+        ("AGENT_MAX_CREATES_PER_MINUTE", "switchboard_todos.E023"),
+        ("AGENT_MAX_ATTEMPTS", "switchboard_todos.E024"),
     ):
-        errors += _whole_number(name, error_id=f"switchboard_todos.{error_id}")
+        errors += _whole_number(name, error_id=error_id)
     errors += _database_options()
     errors += _schedules()
     errors += _queue_databases()
