@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: The index that lets one claimed todo at most hold a concurrency key, and how many times a
-#: claim that loses the race for a key runs before it returns nothing for this call.
-KEY_CLAIMED_INDEX = "idx_todos_key_claimed"
+#: The indexes that let one claimed todo at most hold a concurrency key, and a slot of a queue's
+#: concurrency limit; and how many times a claim that loses the race for one runs before it
+#: returns nothing for this call.
+RACED_INDEXES = frozenset({"idx_todos_key_claimed", "idx_todos_slot"})
 KEY_RACE_TRIES = 10
 
 
@@ -524,14 +525,15 @@ class TodoManager(_TodoManagerBase["Todo"]):
         return []
 
     def _lost_key_race(self, error: IntegrityError) -> bool:
-        """Whether a claim failed because a concurrent claim took a concurrency key first.
+        """Whether a claim failed because a concurrent claim took a concurrency key, or a slot
+        of a queue's concurrency limit, first.
 
-        Both saw the key free; idx_todos_key_claimed let the other one through. Running the
-        claim again sees that holder and passes the key over. Inside the caller's transaction
-        the error has aborted it, so it is the caller's to see.
+        Both saw it free; the unique index let the other one through. Running the claim again
+        sees that holder and passes it over. Inside the caller's transaction the error has
+        aborted it, so it is the caller's to see.
         """
         return (
-            _constraint_name(error) == KEY_CLAIMED_INDEX
+            _constraint_name(error) in RACED_INDEXES
             and not connections[self._db_alias].in_atomic_block
         )
 

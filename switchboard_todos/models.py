@@ -129,6 +129,9 @@ class Todo(models.Model):
     priority = models.SmallIntegerField(db_default=0)
     # While a todo with a key is claimed, no other todo with that key (in any queue) is.
     concurrency_key = models.TextField(null=True, blank=True)
+    # The slot (1 to the limit) a claimed todo of a queue with a concurrency limit holds: one
+    # claimed todo per slot (idx_todos_slot) keeps the queue to its limit.
+    slot = models.SmallIntegerField(null=True, blank=True, editable=False)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     # The failure history: the last SWITCHBOARD_TODOS_MAX_ERRORS_KEPT attempts that failed or
@@ -164,6 +167,13 @@ class Todo(models.Model):
                 fields=["concurrency_key"],
                 condition=Q(concurrency_key__isnull=False, state=State.CLAIMED),
                 name="idx_todos_key_claimed",
+            ),
+            # One claimed todo per slot of a queue's concurrency limit: what settles two claims
+            # that both saw a slot free (sql/todos.sql, the "slot" CTE).
+            models.UniqueConstraint(
+                fields=["queue", "slot"],
+                condition=Q(slot__isnull=False, state=State.CLAIMED),
+                name="idx_todos_slot",
             ),
             models.UniqueConstraint(
                 fields=["queue", "idempotency_key"],

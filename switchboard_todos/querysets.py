@@ -119,7 +119,7 @@ class TodoQuerySet(models.QuerySet["Todo"]):
                     mine.filter(claimable)
                     .annotate(claimable_at=F(since))
                     .order_by(*order)
-                    .values_list("id", "priority", "concurrency_key", "claimable_at")
+                    .values_list("id", "queue", "priority", "concurrency_key", "claimable_at")
                     .select_for_update(skip_locked=True, of=("self",))[:limit]
                 )
                 sql, values = scan.query.get_compiler(using=self.db).as_sql()

@@ -138,6 +138,14 @@ _KEY_HELD = Obstacle(
         "{key_holder}."
     ),
 )
+_QUEUE_PAUSED = Obstacle(
+    stands=lambda seen, caller: bool(seen["queue_paused"]),
+    conflict="Todo {id}'s queue {queue!r} is paused; nothing of it is claimed until it resumes.",
+)
+_QUEUE_FULL = Obstacle(
+    stands=lambda seen, caller: seen["queue_room"] == 0,
+    conflict=("Todo {id}'s queue {queue!r} is at its rate or concurrency limit; try again later."),
+)
 _NO_ATTEMPT_LEFT = Obstacle(
     stands=lambda seen, caller: (
         seen["state"] == State.CLAIMED and seen["attempt"] >= seen["max_attempts"]
@@ -176,7 +184,15 @@ TRANSITIONS: dict[str, Transition] = {
             "claim",
             frozenset({State.PENDING, State.CLAIMED}),
             wrong_state="Todo {id} is {state}; only pending todos can be claimed.",
-            obstacles=(_ASSIGNED_ELSEWHERE, _WAITING, _LEASE_HELD, _NO_ATTEMPT_LEFT, _KEY_HELD),
+            obstacles=(
+                _ASSIGNED_ELSEWHERE,
+                _WAITING,
+                _LEASE_HELD,
+                _NO_ATTEMPT_LEFT,
+                _QUEUE_PAUSED,
+                _KEY_HELD,
+                _QUEUE_FULL,
+            ),
         ),
         _owner_guarded("heartbeat"),
         _owner_guarded("heartbeat_many"),

@@ -92,7 +92,10 @@ def test_statements_are_valid_sql(db: None) -> None:
     with connection.cursor() as cursor:
         for name, sql in queries.items():
             if name == "claim_filtered":  # its scans come from a queryset (querysets.py)
-                scan = "SELECT id, priority, concurrency_key, created_at AS claimable_at FROM todos"
+                scan = (
+                    "SELECT id, queue, priority, concurrency_key, created_at AS claimable_at"
+                    " FROM todos"
+                )
                 sql = sql.format(ready=scan, due=scan, lapsed=scan)
             without_params = PARAM.sub("NULL", sql)
             cursor.execute(f"PREPARE check_{name} AS {without_params}")
@@ -113,7 +116,9 @@ def test_state_values_match_the_check_constraint(db: None) -> None:
 def test_schema_indexes_are_exactly_the_justified_ones(db: None) -> None:
     """No index the hot path does not use (such as Django's *_like copies of text keys)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename IN ('todos', 'events')")
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename IN ('todos', 'events', 'todo_queues')"
+        )
         names = {row[0] for row in cursor.fetchall()}
     assert not {name for name in names if name.endswith("_like")}
     assert {
@@ -159,10 +164,13 @@ def explain(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]  # type: ignore[no-any-return]
 
 
-def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+def nodes(plan: dict[str, Any], *, leaving_out: str = "") -> list[dict[str, Any]]:
+    """Every node of `plan`, but the subtree of the subplan named `leaving_out` ("CTE x")."""
+    if leaving_out and plan.get("Subplan Name") == leaving_out:
+        return []
     found = [plan]
     for child in plan.get("Plans", []):
-        found.extend(nodes(child))
+        found.extend(nodes(child, leaving_out=leaving_out))
     return found
 
 
@@ -243,6 +251,7 @@ CLAIM_INDEXES = {
     "idx_todos_held",
     "idx_todos_key_claimed",
     "idx_todos_key_order",
+    "idx_todos_slot",
     "todos_pkey",
     "todo_queues_pkey",
 }
@@ -281,8 +290,11 @@ def test_claim_next_is_an_index_scan_per_queue(
         for node in todo_scans
     ), todo_scans
     assert {name for _, name in scans if name} <= CLAIM_INDEXES
-    # The only sorts merge the few candidates the per-queue scans returned: none reads todos.
-    for sort in (node for node in nodes(plan) if node["Node Type"] == "Sort"):
+    # The only sorts merge the few candidates the per-queue scans returned (none reads todos),
+    # and order the free slots of a queue with a concurrency limit (reading its claimed todos).
+    for sort in (
+        node for node in nodes(plan, leaving_out="CTE slot") if node["Node Type"] == "Sort"
+    ):
         assert not [node for node in inputs(sort) if node.get("Relation Name") == "todos"], sort
 
 
@@ -313,7 +325,7 @@ def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
 
 def test_claim_scans_lock_under_the_largest_claim_limit() -> None:
     """The constant that bounds each scan of the claim is the largest claim_batch limit."""
-    assert set(re.findall(r"LIMIT (\d+)", queries["claim_next"])) == {
+    assert set(re.findall(r"LIMIT (\d+)\s+FOR UPDATE", queries["claim_next"])) == {
         str(validation.CLAIM_BATCH_LIMIT)
     }
 

@@ -68,23 +68,104 @@ SELECT * FROM (
 
 -- fragment: picked
 -- The "picked" CTE of a claim: of the candidates of its ready, due and lapsed scans, the first
--- %(limit)s by priority, then claimable time, taking one todo at most per concurrency key; with
--- %(max_held)s, only as many as bring the todos %(owner)s holds up to it (counted only then, on
--- idx_todos_held).
+-- %(limit)s by priority, then claimable time, taking one todo at most per concurrency key and
+-- no more from a queue than its room (the "room" CTE); with %(max_held)s, only as many as
+-- bring the todos %(owner)s holds up to it (counted only then, on idx_todos_held). `in_queue`
+-- numbers each queue's picks in claim order.
 picked AS MATERIALIZED (
-    SELECT id, priority, claimable_at
-      FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(concurrency_key, id)
-                                         ORDER BY priority DESC, claimable_at) AS nth
-              FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
-                   AS claimable
-           ) AS first_per_key
-     WHERE nth = 1
+    SELECT id, queue, priority, claimable_at, in_queue
+      FROM (SELECT *, row_number() OVER (PARTITION BY queue
+                                         ORDER BY priority DESC, claimable_at) AS in_queue
+              FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(concurrency_key, id)
+                                                 ORDER BY priority DESC, claimable_at) AS nth
+                      FROM (SELECT * FROM ready UNION ALL SELECT * FROM due
+                            UNION ALL SELECT * FROM lapsed) AS claimable
+                   ) AS first_per_key
+             WHERE nth = 1
+           ) AS per_queue
+     WHERE in_queue <= coalesce((SELECT room.room FROM room WHERE room.queue = per_queue.queue),
+                                in_queue)
      ORDER BY priority DESC, claimable_at
      LIMIT (SELECT CASE WHEN %(max_held)s::int IS NULL THEN %(limit)s::int
                    ELSE greatest(0, least(%(limit)s::int, %(max_held)s::int - (
                             SELECT count(*) FROM todos AS held
                              WHERE held.state = 'claimed' AND held.owner = %(owner)s)::int))
                    END)
+)
+
+-- fragment: rate_window(settings)
+-- Where the current window of `settings`' (a todo_queues row) rate limit began: windows are
+-- rate_period long and counted from the Unix epoch, so that every claimer agrees on them.
+to_timestamp(floor(extract(epoch FROM now()) / extract(epoch FROM $settings.rate_period))
+             * extract(epoch FROM $settings.rate_period))
+
+-- fragment: room_of(settings)
+-- How many more todos of `settings`' queue (a todo_queues row) may be claimed now: none while
+-- it is paused (until its resume_at), else what its rate limit leaves of the current window
+-- and its concurrency limit leaves of its slots (claimed todos holding one); NULL: no limit.
+CASE WHEN $settings.paused AND ($settings.resume_at IS NULL OR $settings.resume_at > now())
+     THEN 0
+     WHEN $settings.rate_limit IS NULL AND $settings.concurrency_limit IS NULL THEN NULL
+     ELSE greatest(0, least(
+         $settings.rate_limit - CASE WHEN $settings.rate_window = {{rate_window($settings)}}
+                                     THEN $settings.rate_count ELSE 0 END,
+         $settings.concurrency_limit - (
+             SELECT count(*) FROM todos AS holder
+              WHERE holder.queue = $settings.name AND holder.state = 'claimed'
+                AND holder.slot IS NOT NULL)::int))
+END
+
+-- fragment: room(queues)
+-- The "room" CTE of a claim: each queue of `queues` (a text[]) whose todo_queues row pauses or
+-- limits it, with how many todos this claim may take from it (room_of). Those rows are
+-- locked, so the claims of a limited queue run one at a time, and each reads the row as the
+-- one before it left it (the rate count), even if it changed after this statement began.
+-- Queues without such a row are not here: nothing limits them, and nothing is locked.
+room AS MATERIALIZED (
+    SELECT settings.name AS queue, settings.concurrency_limit, {{room_of(settings)}} AS room
+      FROM todo_queues AS settings
+     WHERE settings.name = ANY ($queues)
+       AND (settings.paused OR settings.rate_limit IS NOT NULL
+            OR settings.concurrency_limit IS NOT NULL)
+       FOR NO KEY UPDATE
+)
+
+-- fragment: slot
+-- The "slot" CTE of a claim: for each todo picked from a queue with a concurrency limit, a
+-- free slot (1 to the limit) that no claimed todo of the queue holds, its in_queue-th. Two
+-- claims that picked the same free slot (each blind to the other's uncommitted claim) are
+-- settled by idx_todos_slot: one claimed todo per slot; the claim that loses runs again
+-- (managers.py), as for concurrency keys.
+slot AS MATERIALIZED (
+    SELECT picked.id, free.slot
+      FROM picked
+      JOIN room ON room.queue = picked.queue AND room.concurrency_limit IS NOT NULL
+     CROSS JOIN LATERAL (
+            SELECT number AS slot
+              FROM generate_series(1, room.concurrency_limit) AS number
+             WHERE NOT EXISTS (
+                    SELECT FROM todos AS holder
+                     WHERE holder.queue = picked.queue AND holder.state = 'claimed'
+                       AND holder.slot = number)
+             ORDER BY number
+            OFFSET picked.in_queue - 1
+             LIMIT 1
+           ) AS free
+)
+
+-- fragment: counted
+-- The "counted" CTE of a claim: the todos it claimed from each rate-limited queue added to its
+-- rate window's count (a new window starts again from zero).
+counted AS (
+    UPDATE todo_queues AS settings
+       SET rate_count = CASE WHEN settings.rate_window = {{rate_window(settings)}}
+                             THEN settings.rate_count ELSE 0 END + claims.count,
+           rate_window = {{rate_window(settings)}}
+      FROM (SELECT queue, count(*) AS count
+              FROM claimed
+             WHERE queue IN (SELECT queue FROM room)
+             GROUP BY queue) AS claims
+     WHERE settings.name = claims.queue AND settings.rate_limit IS NOT NULL
 )
 
 -- fragment: unless_key_held
@@ -131,8 +212,9 @@ now() + coalesce(%(ttl)s::interval,
                  %(default_ttl)s::interval)
 
 -- fragment: set_claimed
--- What a claim writes: the lease to %(owner)s (lease_end), one more attempt. A claim that takes
--- over a lapsed lease records the lapsed attempt in the failure history.
+-- What a claim writes: the lease to %(owner)s (lease_end), one more attempt, its slot in a
+-- queue with a concurrency limit (the "slot" CTE). A claim that takes over a lapsed lease
+-- records the lapsed attempt in the failure history.
 SET state = 'claimed',
     owner = %(owner)s,
     lease_expires_at = {{lease_end(todos)}},
@@ -141,6 +223,7 @@ SET state = 'claimed',
     next_retry_at = NULL,
     errors = CASE WHEN state = 'claimed' THEN {{errors_with(owner, {{lease_expired}})}}
              ELSE errors END,
+    slot = (SELECT slot.slot FROM slot WHERE slot.id = todos.id),
     updated_at = now()
 
 -- name: create_todo
@@ -235,21 +318,26 @@ SELECT * FROM inserted WHERE (SELECT count(*) FROM notified) >= 0;
 -- %(group_priorities)s of %(group_queues)s, from its own mark, %(group_marks)s; the priorities
 -- above %(tops)s and below %(bottoms)s from the queue's mark, %(marks)s (year 1: from the head
 -- of the index); in priority order, and only as far as the limit needs. Lapsed leases are
--- looked for only when %(full_scan)s.
+-- looked for only when %(full_scan)s. A paused queue is not scanned at all, and a limited
+-- one only as far as its room (the "room" CTE: the pause, rate and concurrency limits of the
+-- queues' todo_queues rows, read and enforced in this statement).
 -- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
 -- at each call, which costs more than running it. So the planner must not see the queues,
 -- the marks, the owner, the limit or whether it is a full scan, all read through
--- "(SELECT ...)": every call then gets the same plan, and the generic one wins. Each scan locks rows under a constant "LIMIT 1000" (the largest claim_batch
+-- "(SELECT ...)": every call then gets the same plan, and the generic one wins. Each scan
+-- locks rows under a constant "LIMIT 1000" (the largest claim_batch
 -- limit) and yields them to the real limit above it, which stops pulling, hence locking, at
 -- %(limit)s rows: the constant keeps the plan's estimated cost small however large the
 -- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
 -- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
-WITH ready AS MATERIALIZED (
-    SELECT candidate.id, candidate.priority, candidate.concurrency_key,
+WITH {{room((SELECT %(queues)s::text[])::text[])}},
+ready AS MATERIALIZED (
+    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
            candidate.created_at AS claimable_at
       FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
                   (SELECT %(tops)s::int[]), (SELECT %(bottoms)s::int[]))
            AS wanted (queue, mark, top, bottom)
+      LEFT JOIN room ON room.queue = wanted.queue
      CROSS JOIN LATERAL (
             SELECT * FROM (
                 {{ready_scan(wanted.queue, priority > wanted.top, wanted.mark)}}
@@ -266,13 +354,14 @@ WITH ready AS MATERIALIZED (
                 UNION ALL
                 {{ready_scan(wanted.queue, priority < wanted.bottom, wanted.mark)}}
             ) AS locked
-            LIMIT (SELECT %(limit)s::int)
+            LIMIT least((SELECT %(limit)s::int), room.room)
            ) AS candidate
 ),
 due AS MATERIALIZED (
-    SELECT candidate.id, candidate.priority, candidate.concurrency_key,
+    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
            candidate.next_retry_at AS claimable_at
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
+      LEFT JOIN room ON room.queue = wanted.queue
      CROSS JOIN LATERAL (
             SELECT * FROM (
                 SELECT id, priority, concurrency_key, next_retry_at
@@ -286,12 +375,12 @@ due AS MATERIALIZED (
                  LIMIT 1000
                    FOR UPDATE SKIP LOCKED
             ) AS locked
-            LIMIT (SELECT %(limit)s::int)
+            LIMIT least((SELECT %(limit)s::int), room.room)
            ) AS candidate
 ),
 lapsed AS MATERIALIZED (
     SELECT * FROM (
-        SELECT id, priority, concurrency_key, lease_expires_at AS claimable_at
+        SELECT id, queue, priority, concurrency_key, lease_expires_at AS claimable_at
           FROM todos
          WHERE (SELECT %(full_scan)s::bool) AND state = 'claimed'
            AND lease_expires_at <= now()
@@ -305,20 +394,22 @@ lapsed AS MATERIALIZED (
     LIMIT (SELECT %(limit)s::int)
 ),
 {{picked}},
+{{slot}},
 claimed AS (
     UPDATE todos
        {{set_claimed}}
      WHERE id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING todos.*
-)
+),
+{{counted}}
 SELECT claimed.*, picked.claimable_at
   FROM claimed JOIN picked ON picked.id = claimed.id
  ORDER BY picked.priority DESC, picked.claimable_at;
 
 -- name: claim_filtered
 -- Claim the todos an ORM queryset picks (querysets.py). The three placeholders in braces are
--- its scans of ready todos, due retries and lapsed leases, each a SELECT of id, priority,
--- concurrency_key and claimable_at, FOR UPDATE SKIP LOCKED, in claim order, carrying the
+-- its scans of ready todos, due retries and lapsed leases, each a SELECT of id, queue,
+-- priority, concurrency_key and claimable_at, FOR UPDATE SKIP LOCKED, in claim order, carrying the
 -- claimable, assignee and concurrency-key conditions; the update tests the first two again, so
 -- that no queryset can make it claim what is not claimable. All candidates are then ranked by
 -- priority and claimable time; of those sharing a key only the first is taken, and
@@ -332,25 +423,44 @@ due AS MATERIALIZED (
 lapsed AS MATERIALIZED (
     {lapsed}
 ),
-{{picked}}
-UPDATE todos
-   {{set_claimed}}
- WHERE id = ANY (ARRAY(SELECT id FROM picked))
-   AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
-        OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
-   AND (assignee IS NULL OR assignee = %(owner)s)
-RETURNING *;
+{{room(ARRAY(SELECT queue FROM ready UNION SELECT queue FROM due UNION SELECT queue FROM lapsed))}},
+{{picked}},
+{{slot}},
+claimed AS (
+    UPDATE todos
+       {{set_claimed}}
+     WHERE id = ANY (ARRAY(SELECT id FROM picked))
+       AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
+            OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
+       AND (assignee IS NULL OR assignee = %(owner)s)
+    RETURNING todos.*
+),
+{{counted}}
+SELECT * FROM claimed;
 
 -- name: claim
--- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left.
-UPDATE todos
-   {{set_claimed}}
- WHERE id = %(todo_id)s
-   AND (assignee IS NULL OR assignee = %(owner)s)
-   AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
-        OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
-   AND {{key_free(todos)}}
-RETURNING *;
+-- Claim one todo by id: pending and due, or claimed with a lapsed lease and attempts left, in
+-- a queue that is neither paused nor at a limit (the "room" CTE).
+WITH {{room(ARRAY(SELECT queue FROM todos WHERE id = %(todo_id)s))}},
+picked AS (
+    SELECT id, queue, 1 AS in_queue
+      FROM todos
+     WHERE id = %(todo_id)s
+       AND coalesce((SELECT room.room FROM room WHERE room.queue = todos.queue), 1) > 0
+),
+{{slot}},
+claimed AS (
+    UPDATE todos
+       {{set_claimed}}
+     WHERE id = (SELECT id FROM picked)
+       AND (assignee IS NULL OR assignee = %(owner)s)
+       AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
+            OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
+       AND {{key_free(todos)}}
+    RETURNING todos.*
+),
+{{counted}}
+SELECT * FROM claimed;
 
 -- name: heartbeat
 -- Extend the lease of a todo the owner still holds (lease_end). Guard: claimed, same owner.
@@ -539,7 +649,11 @@ SELECT id, state, owner, assignee, queue, idempotency_key, concurrency_key, atte
            AND live.id <> todos.id AND {{live(live.state)}}) AS live_twin,
        (SELECT holder.id FROM todos AS holder
          WHERE holder.concurrency_key = todos.concurrency_key AND holder.state = 'claimed'
-           AND holder.id <> todos.id) AS key_holder
+           AND holder.id <> todos.id) AS key_holder,
+       (SELECT settings.paused AND (settings.resume_at IS NULL OR settings.resume_at > now())
+          FROM todo_queues AS settings WHERE settings.name = todos.queue) AS queue_paused,
+       (SELECT {{room_of(settings)}}
+          FROM todo_queues AS settings WHERE settings.name = todos.queue) AS queue_room
   FROM todos
  WHERE id = ANY (%(ids)s::text[]);
 

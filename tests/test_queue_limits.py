@@ -1,0 +1,204 @@
+"""A queue's pause, rate and concurrency limits (its todo_queues row), enforced by the claim
+statements themselves: claim_next and claim_batch, claim by id, and queryset claims."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from switchboard_todos.exceptions import TodoConflict
+from switchboard_todos.models import Queue, State, Todo
+from tests.conftest import run_in_threads
+from tests.helpers import MakeTodo, OutputLines, db_now, wait_until
+
+Spawn = Callable[..., "subprocess.Popen[str]"]
+
+
+def test_a_paused_queue_is_passed_over(make_todo: MakeTodo) -> None:
+    """Nothing of a paused queue is claimed, by any claim; its neighbours are."""
+    Queue.objects.create(name="a", paused=True)
+    paused, open_ = make_todo(queue="a"), make_todo(queue="b")
+    make_todo(queue="a", state=State.CLAIMED, lease_expires_in=timedelta(seconds=-5))
+    claimed = Todo.objects.claim_batch(["a", "b"], "w1", 30, limit=10)
+    assert [todo.id for todo in claimed] == [open_.id]
+    assert Todo.objects.filter(queue="a").claim_batch("w1", 30, 10) == []
+    with pytest.raises(TodoConflict, match="queue 'a' is paused"):
+        Todo.objects.claim(paused.id, "w1", 30)
+
+
+def test_a_pause_ends_at_its_resume_at(make_todo: MakeTodo) -> None:
+    """A pause with a resume_at that has come stops nothing; one still to come does."""
+    now = db_now()
+    Queue.objects.create(name="past", paused=True, resume_at=now - timedelta(seconds=1))
+    Queue.objects.create(name="future", paused=True, resume_at=now + timedelta(hours=1))
+    resumed = make_todo(queue="past")
+    make_todo(queue="future")
+    claimed = Todo.objects.claim_batch(["past", "future"], "w1", 30, limit=10)
+    assert [todo.id for todo in claimed] == [resumed.id]
+
+
+def test_a_rate_limit_lets_through_what_its_window_has_left(make_todo: MakeTodo) -> None:
+    """3 claims an hour: a batch takes 3, the next claims nothing until the next window."""
+    Queue.objects.create(name="slow", rate_limit=3, rate_period=timedelta(hours=1))
+    todos = [make_todo(queue="slow") for _ in range(5)]
+    assert len(Todo.objects.claim_batch("slow", "w1", 30, limit=10)) == 3
+    assert Todo.objects.claim_next("slow", "w1", 30) is None
+    with pytest.raises(TodoConflict, match="at its rate or concurrency limit"):
+        Todo.objects.claim(todos[4].id, "w1", 30)
+    row = Queue.objects.get(name="slow")
+    assert row.rate_count == 3
+    assert row.rate_window is not None and row.rate_window <= db_now()
+    # The window passes: the count starts again from zero.
+    Queue.objects.filter(name="slow").update(rate_window=row.rate_window - timedelta(hours=1))
+    assert len(Todo.objects.claim_batch("slow", "w1", 30, limit=10)) == 2
+    assert Queue.objects.get(name="slow").rate_count == 2
+
+
+def test_a_concurrency_limit_holds_slots_until_todos_leave_claimed(make_todo: MakeTodo) -> None:
+    """A limit of 2: two slots, freed by complete, fail or release, taken by the next claims."""
+    Queue.objects.create(name="narrow", concurrency_limit=2)
+    for _ in range(5):
+        make_todo(queue="narrow")
+    first = Todo.objects.claim_batch("narrow", "w1", 30, limit=10)
+    assert {todo.slot for todo in first} == {1, 2}
+    assert Todo.objects.claim_next("narrow", "w2", 30) is None
+    done = next(todo for todo in first if todo.slot == 1)
+    Todo.objects.complete(done.id, "w1")
+    second = Todo.objects.claim_batch("narrow", "w2", 30, limit=10)
+    assert [todo.slot for todo in second] == [1]
+    Todo.objects.release(second[0].id, "w2")
+    assert [todo.slot for todo in Todo.objects.claim_batch("narrow", "w3", 30, limit=10)] == [1]
+
+
+def test_a_claim_of_queues_without_limits_stays_one_statement(
+    make_todo: MakeTodo, django_assert_num_queries: Any
+) -> None:
+    """Rows that limit nothing (a description, a visibility timeout) change nothing, and a
+    limited queue beside them costs no extra round trip either."""
+    Queue.objects.create(name="plain", description="a row that limits nothing")
+    Queue.objects.create(
+        name="limited", concurrency_limit=1, rate_limit=5, rate_period=timedelta(minutes=1)
+    )
+    for queue in ("plain", "plain", "limited", "limited", "other"):
+        make_todo(queue=queue)
+    with django_assert_num_queries(1):
+        claimed = Todo.objects.claim_batch(["plain", "limited", "other"], "w1", 30, limit=10)
+    assert Counter(todo.queue for todo in claimed) == {"plain": 2, "limited": 1, "other": 1}
+    assert {todo.slot for todo in claimed if todo.queue != "limited"} == {None}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_claims_racing_for_the_last_slot_take_it_once() -> None:
+    """Both see the one slot free; the unique index lets one through, the other runs again and
+    finds the queue full."""
+    Queue.objects.create(name="one", concurrency_limit=1)
+    for _ in range(4):
+        Todo.objects.create_todo(queue="one", kind="k")
+    claimed = run_in_threads(8, lambda n: Todo.objects.claim_batch("one", f"w{n}", 30, 2))
+    assert sum(len(batch) for batch in claimed) == 1
+    assert Todo.objects.filter(queue="one", state=State.CLAIMED).count() == 1
+
+
+def overlap(intervals: list[tuple[datetime, datetime]]) -> int:
+    """The most intervals [start, end) that cover one instant."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = current = 0
+    for _, step in events:
+        current += step
+        most = max(most, current)
+    return most
+
+
+def claim_intervals(queue: str) -> list[tuple[datetime, datetime]]:
+    """Each done todo of `queue`: from its claim to its completion, by the database clock."""
+    rows = Todo.objects.filter(queue=queue, state=State.DONE).values_list(
+        "claimed_at", "completed_at"
+    )
+    return [(start, end) for start, end in rows if start is not None and end is not None]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_processes_never_hold_more_than_the_concurrency_limit(spawn: Spawn) -> None:
+    """8 claiming processes, a queue limited to 3 claimed: never 4 at once, and all done."""
+    Queue.objects.create(name="narrow", concurrency_limit=3)
+    Todo.objects.enqueue_many([{"queue": "narrow", "kind": "k"} for _ in range(60)])
+    claimers = [
+        spawn("tests.claimer", "narrow", f"c{n}", "--hold", "0.02", "--limit", "2")
+        for n in range(8)
+    ]
+    for claimer in claimers:
+        _, errors = claimer.communicate(timeout=120)
+        assert claimer.returncode == 0, errors
+    intervals = claim_intervals("narrow")
+    assert len(intervals) == 60
+    assert overlap(intervals) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rate_limit_holds_across_processes(spawn: Spawn) -> None:
+    """10 claims per 2 s, 4 claiming processes: every window lets through 10 (the last what
+    is left), none more."""
+    Queue.objects.create(name="paced", rate_limit=10, rate_period=timedelta(seconds=2))
+    Todo.objects.enqueue_many([{"queue": "paced", "kind": "k"} for _ in range(35)])
+    claimers = [spawn("tests.claimer", "paced", f"c{n}", "--limit", "3") for n in range(4)]
+    for claimer in claimers:
+        _, errors = claimer.communicate(timeout=120)
+        assert claimer.returncode == 0, errors
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT floor(extract(epoch FROM claimed_at) / 2), count(*) FROM todos"
+            " WHERE queue = 'paced' GROUP BY 1 ORDER BY 1"
+        )
+        per_window = [count for _, count in cursor.fetchall()]
+    assert sum(per_window) == 35
+    assert max(per_window) == 10
+    assert per_window.count(10) >= 3, per_window  # the windows the backlog filled
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pause_stops_a_worker_within_one_claim_and_resume_at_restarts_it(
+    spawn: Spawn,
+) -> None:
+    """The worker finishes what it holds and claims nothing more of the paused queue until
+    its resume_at comes, then drains it by itself."""
+    Todo.objects.enqueue_many(
+        [{"queue": "steady", "kind": "test.sleep", "payload": {"seconds": 0.05}}] * 40
+    )
+    worker = OutputLines(
+        spawn(
+            "manage",
+            "todo_worker",
+            "--import-module",
+            "tests.worker_handlers",
+            "--queue",
+            "steady",
+            "--concurrency",
+            "2",
+            "--batch",
+            "1",
+        ).stderr
+    )
+    done = Todo.objects.filter(queue="steady", state=State.DONE)
+    wait_until(lambda: done.count() >= 5, "the worker to get going")
+    Queue.objects.create(name="steady", paused=True, resume_at=db_now() + timedelta(seconds=3))
+    paused_at = db_now()  # the pause has committed
+    wait_until(
+        lambda: not Todo.objects.filter(queue="steady", state=State.CLAIMED).exists(),
+        "the todos in hand to finish",
+    )
+    resume_at = Queue.objects.get(name="steady").resume_at
+    assert resume_at is not None and db_now() < resume_at, "the test machine is too slow"
+    assert not Todo.objects.filter(queue="steady", claimed_at__gt=paused_at).exists()
+    assert Todo.objects.filter(queue="steady", state=State.PENDING).exists()
+    wait_until(lambda: done.count() == 40, "the worker to resume by itself", timeout=60)
+    first_after = Todo.objects.filter(queue="steady", claimed_at__gt=paused_at).earliest(
+        "claimed_at"
+    )
+    assert first_after.claimed_at is not None, worker.output
+    assert first_after.claimed_at >= resume_at, worker.output
