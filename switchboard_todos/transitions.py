@@ -176,7 +176,9 @@ TRANSITIONS: dict[str, Transition] = {
     transition.name: transition
     for transition in (
         Transition("create_todo", frozenset()),
+        Transition("create_child", frozenset()),
         Transition("create_many", frozenset()),
+        Transition("create_graph", frozenset()),
         Transition("tick_schedule", frozenset()),
         Transition("claim_next", frozenset({State.PENDING, State.CLAIMED})),
         Transition("claim_filtered", frozenset({State.PENDING, State.CLAIMED})),
