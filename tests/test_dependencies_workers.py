@@ -76,7 +76,7 @@ def test_a_worker_killed_as_it_completes_the_last_parent_leaves_no_child_blocked
     first = Worker(spawn, "--batch", "1")
     wait_until(lambda: started_lines(gate), "the parent's handler to start")
     open_gate(gate)
-    seen = []
+    seen: list[tuple[str, int, str]] = []
     with connection.cursor() as cursor:
         while not seen or seen[-1][0] != State.DONE:
             cursor.execute(
