@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import socket
 import subprocess
 import sys
@@ -32,10 +31,12 @@ from devtools.database import free_port
 from example_project.mcp_agent import connect
 from switchboard_todos.agents import errors
 from switchboard_todos.agents.accounts import create_agent, revoke
+from switchboard_todos.exceptions import Throttled
 from switchboard_todos.mcp.http import allowed_hosts
+from switchboard_todos.mcp.server import PROBLEM_META, Tools
 from switchboard_todos.models import Agent, State, Todo
+from tests.asgi import serve_mcp
 from tests.conftest import ROOT, child_environment, database_url
-from tests.helpers import wait_until
 
 T = TypeVar("T")
 
@@ -57,37 +58,11 @@ def status_of(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any
         return error.code, error.headers
 
 
-def answering(url: str) -> bool:
-    try:
-        status_of(url)
-    except OSError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def mcp_url(django_db_setup: None) -> Iterator[str]:
     """uvicorn serving the example project's ASGI application; the URL of its /mcp."""
-    port = free_port()
-    command = [sys.executable, "-m", "uvicorn", "example_project.asgi:application"]
-    server = subprocess.Popen(
-        [*command, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT,
-        env={**child_environment(), "DATABASE_POOL_SIZE": "4"},  # as docs/agents.md advises
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}/mcp"
-    try:
-        wait_until(lambda: server.poll() is not None or answering(url), "uvicorn to answer", 60)
-        assert server.poll() is None, server.communicate()[0]
+    with serve_mcp() as url:
         yield url
-    finally:
-        server.send_signal(signal.SIGTERM)
-        output = server.communicate(timeout=30)[0]
-    # uvicorn shuts down gracefully, then dies of the signal it got, as a good process does.
-    assert server.returncode == -signal.SIGTERM and "Traceback" not in output, output
 
 
 @pytest.fixture
@@ -146,11 +121,19 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str,
 
 
 async def refused(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
-    """The problem details of a tool error (isError); the test fails if the tool succeeded."""
+    """The problem details of a tool error (isError); the test fails if the tool succeeded.
+
+    The model reads the problem as text. There is no structured content, which a client would
+    hold to the tool's output schema; the problem details are in `_meta`.
+    """
     result = await session.call_tool(tool, arguments)
-    assert result.is_error, result.structured_content
-    assert result.structured_content is not None
-    return dict(result.structured_content)
+    assert result.is_error and result.structured_content is None, result
+    problem = dict((result.meta or {})[PROBLEM_META])
+    [text] = result.content
+    assert text.type == "text" and text.text.startswith(
+        f"{problem['title']} ({problem['status']}): {problem['detail']} "
+    )
+    return problem
 
 
 def on_own_connection(function: Callable[..., Any], *args: Any) -> None:
@@ -302,6 +285,25 @@ def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
     assert "do not complete" in (tools["heartbeat"].description or "")
     assert tools["claim"].output_schema is not None
     assert tools["list_todos"].annotations and tools["list_todos"].annotations.read_only_hint
+
+
+def test_a_throttled_call_says_how_long_to_wait() -> None:
+    async def agent() -> Agent:
+        return Agent(name=AGENT)
+
+    async def too_many(agent: Agent) -> dict[str, Any]:
+        raise Throttled(f"Agent {agent.name!r} creates too many todos.", retry_after=2.5)
+
+    result = asyncio.run(Tools(agent)._run(too_many))
+    assert result.is_error and result.structured_content is None
+    assert [block.text for block in result.content if block.type == "text"] == [
+        f"Too many requests (429): Agent {AGENT!r} creates too many todos. Retry-After: 3 s. "
+        + errors.THROTTLED.advice
+    ]
+    detail = f"Agent {AGENT!r} creates too many todos."
+    assert result.meta == {
+        PROBLEM_META: {**errors.problem(errors.THROTTLED, detail), "retry_after": 3}
+    }
 
 
 # Streamable HTTP only
