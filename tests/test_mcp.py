@@ -14,29 +14,33 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from django.db import connections
 from django.db.models.functions import Now
 from django.test import override_settings
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.server.streamable_http_manager import DEFAULT_SESSION_IDLE_TIMEOUT
 
 from devtools.database import free_port
 from example_project.mcp_agent import connect
 from switchboard_todos.agents import errors
 from switchboard_todos.agents.accounts import create_agent, revoke
+from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import Throttled
-from switchboard_todos.mcp.http import allowed_hosts
+from switchboard_todos.mcp.http import allowed_hosts, streamable_http
 from switchboard_todos.mcp.server import PROBLEM_META, Tools
 from switchboard_todos.models import Agent, State, Todo
 from tests.asgi import serve_mcp
-from tests.conftest import ROOT, child_environment, database_url
+from tests.conftest import ROOT, child_environment, database_url, run_in_threads
 
 T = TypeVar("T")
 
@@ -306,7 +310,80 @@ def test_a_throttled_call_says_how_long_to_wait() -> None:
     }
 
 
-# Streamable HTTP only
+# Streamable HTTP only: sessions, hosts, tokens
+
+#: The request that opens a session: an initialize without a session id.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "tests", "version": "1"},
+    },
+}
+
+
+def headers(token: str, session: str | None = None, **more: str) -> dict[str, str]:
+    """A streamable HTTP request's headers: the token, and the session's once it has one."""
+    sent = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    if session is not None:
+        sent |= {"Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
+    return sent | more
+
+
+def test_an_agent_holds_at_most_its_sessions_and_others_get_theirs(mcp_url: str) -> None:
+    """One token opening sessions as fast as it can, concurrently: it gets the cap, no more."""
+    _, hostile = create_agent("hostile", claim_queues=["mcp"])
+    _, other = create_agent("other", claim_queues=["mcp"])
+    connections.close_all()
+    cap = conf.AGENT_MAX_SESSIONS
+
+    def open_one(_: int) -> httpx.Response:
+        with httpx.Client(timeout=30) as client:
+            return client.post(mcp_url, headers=headers(hostile), json=INITIALIZE)
+
+    opened = run_in_threads(3 * cap, open_one)
+    assert Counter(response.status_code for response in opened) == {200: cap, 429: 2 * cap}
+    refusal = next(response for response in opened if response.status_code == 429)
+    assert 1 <= int(refusal.headers["Retry-After"]) <= DEFAULT_SESSION_IDLE_TIMEOUT
+    assert refusal.json()["error"]["message"].startswith(
+        f"Too many requests (429): Agent 'hostile' has {cap} MCP sessions open, "
+    )
+    session = next(response for response in opened if response.status_code == 200)
+    with httpx.Client(timeout=30) as client:
+        assert client.post(mcp_url, headers=headers(other), json=INITIALIZE).status_code == 200
+        # An ended session frees its place.
+        ended = client.delete(mcp_url, headers=headers(hostile, session.headers["Mcp-Session-Id"]))
+        assert ended.status_code == 200
+        again = [client.post(mcp_url, headers=headers(hostile), json=INITIALIZE) for _ in "ab"]
+        assert [response.status_code for response in again] == [200, 429]
+
+
+@override_settings(SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS=1)
+def test_a_session_that_idles_out_frees_its_place(agent: tuple[Agent, str]) -> None:
+    endpoint = streamable_http("/mcp", session_idle_timeout=0.2)
+
+    async def scenario() -> list[int]:
+        transport = httpx.ASGITransport(app=endpoint.app)
+        async with (
+            endpoint.lifespan(),
+            httpx.AsyncClient(transport=transport, base_url="http://localhost") as client,
+        ):
+
+            async def opening() -> int:
+                response = await client.post("/mcp", headers=headers(agent[1]), json=INITIALIZE)
+                return response.status_code
+
+            statuses = [await opening(), await opening()]
+            deadline = asyncio.get_running_loop().time() + 30
+            while (status := await opening()) == 429:  # until the first idles out
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            return [*statuses, status]
+
+    assert asyncio.run(scenario()) == [200, 429, 200]
 
 
 def test_http_needs_an_active_agents_token(mcp_url: str, agent: tuple[Agent, str]) -> None:
