@@ -29,6 +29,8 @@ from django.test import override_settings
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.server.streamable_http_manager import DEFAULT_SESSION_IDLE_TIMEOUT
+from starlette.responses import PlainTextResponse
+from starlette.types import Receive, Scope, Send
 
 from devtools.database import free_port
 from example_project.mcp_agent import connect
@@ -36,7 +38,7 @@ from switchboard_todos.agents import errors
 from switchboard_todos.agents.accounts import create_agent, revoke
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import Throttled
-from switchboard_todos.mcp.http import allowed_hosts, streamable_http
+from switchboard_todos.mcp.http import HttpsOnly, allowed_hosts, streamable_http
 from switchboard_todos.mcp.server import PROBLEM_META, Tools
 from switchboard_todos.models import Agent, State, Todo
 from tests.asgi import serve_mcp
@@ -47,6 +49,8 @@ T = TypeVar("T")
 pytestmark = pytest.mark.django_db(transaction=True)
 
 AGENT = "mcp-agent"
+#: SECURE_PROXY_SSL_HEADER of a deployment behind a proxy that terminates TLS.
+PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 
 def status_of(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -310,7 +314,7 @@ def test_a_throttled_call_says_how_long_to_wait() -> None:
     }
 
 
-# Streamable HTTP only: sessions, hosts, tokens
+# Streamable HTTP only: sessions, hosts, HTTPS, tokens
 
 #: The request that opens a session: an initialize without a session id.
 INITIALIZE = {
@@ -421,6 +425,114 @@ def test_the_asgi_application_serves_django_beside_mcp(mcp_url: str) -> None:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(admin, timeout=10) as response:
         assert response.status == 200
+
+
+async def served(scope: Scope, receive: Receive, send: Send) -> None:
+    """The application behind HttpsOnly in the tests: it answers 200 "served"."""
+    await PlainTextResponse("served")(scope, receive, send)
+
+
+@pytest.mark.parametrize(
+    ("configured", "url", "sent", "answer"),
+    [
+        ({}, "http://localhost/mcp", {}, 200),
+        ({}, "https://localhost/mcp", {}, 200),
+        ({"SECURE_SSL_REDIRECT": True}, "https://localhost/mcp", {}, 200),
+        (
+            {"SECURE_SSL_REDIRECT": True},
+            "http://localhost/mcp?a=1",
+            {},
+            "https://localhost/mcp?a=1",
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "SECURE_SSL_HOST": "secure.example.com"},
+            "http://localhost/mcp",
+            {},
+            "https://secure.example.com/mcp",
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "SECURE_PROXY_SSL_HEADER": PROXY_SSL_HEADER},
+            "http://localhost/mcp",
+            {"X-Forwarded-Proto": "https"},
+            200,
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "SECURE_PROXY_SSL_HEADER": PROXY_SSL_HEADER},
+            "http://localhost/mcp",
+            {"X-Forwarded-Proto": "http, https"},
+            "https://localhost/mcp",
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "SECURE_REDIRECT_EXEMPT": [r"^mcp$"]},
+            "http://localhost/mcp",
+            {},
+            200,
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "USE_X_FORWARDED_HOST": True},
+            "http://localhost/mcp",
+            {"X-Forwarded-Host": "evil.example"},
+            421,
+        ),
+    ],
+)
+def test_https_is_required_as_djangos_security_middleware_requires_it(
+    configured: dict[str, Any], url: str, sent: dict[str, str], answer: int | str
+) -> None:
+    """Where SecurityMiddleware would redirect to HTTPS, a refusal that names the HTTPS URL."""
+
+    async def request() -> httpx.Response:
+        transport = httpx.ASGITransport(app=HttpsOnly(served))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await client.post(url, headers=sent, json={})
+
+    with override_settings(**configured):
+        response = asyncio.run(request())
+    if isinstance(answer, int):
+        assert response.status_code == answer, response.text
+    else:
+        assert response.status_code == 403
+        assert response.json()["error"]["message"] == (
+            f"HTTPS required: this server takes MCP requests over HTTPS only; connect to "
+            f"{answer}. This request went in clear, with any token it carried: have that "
+            "token rotated."
+        )
+
+
+@pytest.fixture(scope="module")
+def https_mcp_url(django_db_setup: None) -> Iterator[str]:
+    """The example project's ASGI application with HTTPS required, behind a TLS proxy."""
+    with serve_mcp(
+        SECURE_SSL_REDIRECT="1", SECURE_PROXY_SSL_HEADER=",".join(PROXY_SSL_HEADER)
+    ) as url:
+        yield url
+
+
+def test_a_plain_http_claim_is_refused_when_https_is_required(
+    https_mcp_url: str, agent: tuple[Agent, str]
+) -> None:
+    todo, _ = Todo.objects.create_todo(queue="mcp", kind="t.any")
+    connections.close_all()
+    token = agent[1]
+    tls = {"X-Forwarded-Proto": "https"}  # what the proxy that terminated TLS says
+    claim = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "claim", "arguments": {"ttl": 30}},
+    }
+    with httpx.Client(timeout=30) as client:
+        plain = client.post(https_mcp_url, headers=headers(token), json=INITIALIZE)
+        assert plain.status_code == 403
+        opened = client.post(https_mcp_url, headers=headers(token, **tls), json=INITIALIZE)
+        assert opened.status_code == 200
+        session = opened.headers["Mcp-Session-Id"]
+        plain = client.post(https_mcp_url, headers=headers(token, session), json=claim)
+        assert plain.status_code == 403
+        assert Todo.objects.get(pk=todo.id).state == State.PENDING
+        claimed = client.post(https_mcp_url, headers=headers(token, session, **tls), json=claim)
+        assert claimed.status_code == 200 and todo.id in claimed.text
+    assert Todo.objects.get(pk=todo.id).owner == AGENT
 
 
 # stdio only

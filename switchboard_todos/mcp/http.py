@@ -4,18 +4,24 @@
 Django's ASGI handler refuses lifespan events, so the application that serves both (see the
 example project's asgi.py) runs that lifespan itself and routes the endpoint's path here.
 The endpoint answers only the hosts Django's ALLOWED_HOSTS accepts (a DNS-rebinding guard),
-and holds each agent to SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS open sessions.
+only over HTTPS when the project says so (SECURE_SSL_REDIRECT), and holds each agent to
+SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS open sessions.
 """
 
 from __future__ import annotations
 
+import io
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
+from django.middleware.security import SecurityMiddleware
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware, get_access_token
 from mcp.server.auth.middleware.bearer_auth import (
     AuthorizationContext,
@@ -81,10 +87,13 @@ class AllowedHosts:
         host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
         domain, _ = split_domain_port(host)
         if not (domain and validate_host(domain, allowed_hosts())):
-            response = PlainTextResponse("Invalid Host header", status_code=421)
-            await response(scope, receive, send)
+            await _misdirected()(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _misdirected() -> Response:
+    return PlainTextResponse("Invalid Host header", status_code=421)
 
 
 def allowed_hosts() -> list[str]:
@@ -92,6 +101,44 @@ def allowed_hosts() -> list[str]:
     if settings.DEBUG and not settings.ALLOWED_HOSTS:
         return [".localhost", "127.0.0.1", "[::1]"]
     return list(settings.ALLOWED_HOSTS)
+
+
+class HttpsOnly:
+    """Refuses (403) the plain-HTTP requests that Django's SecurityMiddleware would redirect.
+
+    The decision is that middleware's own, so it honours SECURE_SSL_REDIRECT,
+    SECURE_PROXY_SSL_HEADER, SECURE_REDIRECT_EXEMPT and SECURE_SSL_HOST as the rest of the
+    project does. Refused rather than redirected: such a request has already sent its bearer
+    token in clear, and a redirect would let a misconfigured client go on doing that at every
+    call; nor would the redirect work (fetch, under the clients, turns a redirected POST into a
+    GET and drops the Authorization header on its way to the other origin, https).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if settings.SECURE_SSL_REDIRECT:
+            try:
+                redirect = SecurityMiddleware(_unused).process_request(
+                    ASGIRequest(scope, io.BytesIO())
+                )
+            except DisallowedHost:  # X-Forwarded-Host, with USE_X_FORWARDED_HOST
+                await _misdirected()(scope, receive, send)
+                return
+            if redirect is not None:
+                message = (
+                    "HTTPS required: this server takes MCP requests over HTTPS only; connect "
+                    f"to {redirect['Location']}. This request went in clear, with any token it "
+                    "carried: have that token rotated."
+                )
+                await _json_rpc_error(403, message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _unused(request: HttpRequest) -> HttpResponse:
+    raise AssertionError("HttpsOnly calls SecurityMiddleware.process_request only")
 
 
 class AgentSessions(StreamableHTTPSessionManager):
@@ -196,4 +243,4 @@ def streamable_http(
         AuthContextMiddleware(RequireAuthMiddleware(sessions.serve, required_scopes=[])),
         backend=BearerAuthBackend(AgentTokens()),
     )
-    return Endpoint(AllowedHosts(app), path, sessions)
+    return Endpoint(AllowedHosts(HttpsOnly(app)), path, sessions)
