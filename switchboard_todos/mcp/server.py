@@ -1,8 +1,8 @@
 """The MCP tools: the queue's verbs for an agent, each one call of the agent service layer.
 
 The tools never check a permission or a value themselves: the service does, for HTTP and MCP
-alike, and its typed exceptions come back as MCP tool errors (`isError`) carrying the problem
-details of the one error table, so the session goes on. Each docstring below is what the
+alike, and its typed exceptions come back as MCP tool errors (`isError`), so the session goes
+on: the problem of the one error table as text, for the model. Each docstring below is what the
 language model reads as the tool's description.
 """
 
@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from switchboard_todos import __version__, faults
 from switchboard_todos.agents import errors, service
 from switchboard_todos.agents.serialize import TodoJSON, todo_json
-from switchboard_todos.exceptions import TodoError
+from switchboard_todos.exceptions import Throttled, TodoError
 from switchboard_todos.models import Agent, Todo
 
 logger = logging.getLogger(__name__)
@@ -82,13 +82,30 @@ def _result(structured: dict[str, Any]) -> CallToolResult:
     )
 
 
-def _problem(kind: errors.ErrorKind, detail: str) -> CallToolResult:
-    """A tool error: the HTTP API's problem details, and what to do about it, for the model."""
-    text = f"{kind.title} ({kind.status}): {detail} {kind.advice}"
+#: The key of an error result's `_meta` that holds the HTTP API's problem details, for programs.
+PROBLEM_META = "switchboard-todos/problem"
+
+
+def problem_text(kind: errors.ErrorKind, detail: str, retry_after: int | None = None) -> str:
+    """A problem as the model reads it: what happened, and what to do about it."""
+    wait = "" if retry_after is None else f" Retry-After: {retry_after} s."
+    return f"{kind.title} ({kind.status}): {detail}{wait} {kind.advice}"
+
+
+def _problem(kind: errors.ErrorKind, detail: str, retry_after: int | None = None) -> CallToolResult:
+    """A tool error that every client hands to the model: the problem as text content.
+
+    No structured content: a client holds that to the tool's output schema, errors included
+    (the TypeScript SDK's refuses the whole result as a protocol error when it does not
+    match), and the schema is the tool's result. The problem details go in `_meta`.
+    """
+    problem = errors.problem(kind, detail)
+    if retry_after is not None:
+        problem["retry_after"] = retry_after
     return CallToolResult(
-        content=[TextContent(type="text", text=text)],
-        structured_content=errors.problem(kind, detail),
+        content=[TextContent(type="text", text=problem_text(kind, detail, retry_after))],
         is_error=True,
+        _meta={PROBLEM_META: problem},
     )
 
 
@@ -102,6 +119,8 @@ class Tools:
         async with request_scope():
             try:
                 return _result(await call(await self._agent()))
+            except Throttled as error:
+                return _problem(errors.THROTTLED, str(error), error.retry_after)
             except TodoError as error:
                 return _problem(errors.kind_of(error), str(error))
             except DatabaseError as error:
