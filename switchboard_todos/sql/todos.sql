@@ -143,14 +143,25 @@ SET state = 'claimed',
              ELSE errors END,
     updated_at = now()
 
+-- fragment: max_attempts_of(given, queue)
+-- A new todo's attempt budget: `given`, or when the caller gave none (NULL), the default of its
+-- queue `queue` (todo_queues.max_attempts), else %(default_max_attempts)s. The queue's row is
+-- read only when none was given: COALESCE evaluates an argument only when those before it
+-- are NULL.
+coalesce($given,
+         (SELECT settings.max_attempts FROM todo_queues AS settings WHERE settings.name = $queue),
+         %(default_max_attempts)s::int)
+
 -- name: create_todo
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
+-- Without %(max_attempts)s (NULL), the todo takes its queue's default (max_attempts_of).
 WITH inserted AS (
     INSERT INTO todos (queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, next_retry_at)
     VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
-            %(idempotency_key)s, %(assignee)s, %(max_attempts)s, %(priority)s,
-            %(concurrency_key)s,
+            %(idempotency_key)s, %(assignee)s,
+            {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
+            %(priority)s, %(concurrency_key)s,
             CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
     {{unless_key_held}}
     RETURNING *
@@ -167,6 +178,7 @@ SELECT *, false AS created
 
 -- name: create_many
 -- Insert many pending todos at once; return the inserted rows and the live rows that hold keys.
+-- A row's max_attempts may be NULL: that todo takes its queue's default (max_attempts_of).
 WITH batch AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
@@ -181,7 +193,8 @@ inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, next_retry_at)
     SELECT id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
-           max_attempts, priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
+           {{max_attempts_of(batch.max_attempts, batch.queue)}},
+           priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
       FROM batch
     {{unless_key_held}}
     RETURNING *
@@ -586,3 +599,10 @@ SELECT queue, state, count(*) AS deleted
 -- name: notify_queues
 -- Wake the workers of %(queues)s, on commit: enqueue_many's COPY cannot notify by itself.
 SELECT pg_notify('switchboard_todos', queue) FROM unnest(%(queues)s::text[]) AS woken (queue);
+
+-- name: queue_max_attempts
+-- The default max_attempts of those of %(queues)s that have one (todo_queues): enqueue_many
+-- reads them before its COPY, which cannot look them up row by row.
+SELECT name, max_attempts
+  FROM todo_queues
+ WHERE name = ANY (%(queues)s::text[]) AND max_attempts IS NOT NULL;
