@@ -52,7 +52,8 @@ class Rate(NamedTuple):
         return f"{self.limit}/{format_duration(self.period)}"
 
 
-def _rate(value: object) -> Rate:
+def checked_rate(value: object) -> Rate:
+    """A Rate whose limit and period are in range (InvalidTodo otherwise)."""
     if not isinstance(value, tuple) or len(value) != 2:
         raise InvalidTodo(f"rate must be a Rate(limit, period), not {type(value).__name__}.")
     limit, period = value
@@ -71,7 +72,7 @@ SETTINGS: dict[str, Any] = {
     "max_attempts": lambda value: validation.whole_number(
         value, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT
     ),
-    "rate": _rate,
+    "rate": checked_rate,
     "concurrency_limit": lambda value: validation.whole_number(
         value, "concurrency_limit", 1, MAX_LIMIT
     ),
@@ -94,7 +95,7 @@ def checked(changes: Mapping[str, Any]) -> dict[str, Any]:
         if name == "description":
             columns[name] = "" if value is None else SETTINGS[name](value)
         elif name == "rate":
-            rate = None if value is None else _rate(value)
+            rate = None if value is None else checked_rate(value)
             columns["rate_limit"] = None if rate is None else rate.limit
             columns["rate_period"] = None if rate is None else rate.period
         else:

@@ -158,7 +158,12 @@ def test_the_tasks_backend_leaves_max_attempts_to_the_queue() -> None:
     """Without OPTIONS["max_attempts"] (or with None), a task's todo gets its queue's default;
     with one, that one."""
     queue_settings.configure("other", max_attempts=3)
-    for options, expected in [({}, 3), ({"max_attempts": None}, 3), ({"max_attempts": 4}, 4)]:
+    cases: list[tuple[dict[str, Any], int]] = [
+        ({}, 3),
+        ({"max_attempts": None}, 3),
+        ({"max_attempts": 4}, 4),
+    ]
+    for options, expected in cases:
         with with_options(**options):
             assert task_backends["default"].check() == []
             result = tasks.add.using(queue_name="other").enqueue(1, 2)
