@@ -30,7 +30,7 @@ def todo_queue(*args: str) -> str:
 
 
 def row(name: str) -> dict[str, Any]:
-    return Queue.objects.filter(pk=name).values().get()
+    return dict(Queue.objects.filter(pk=name).values().get())
 
 
 # Setting
