@@ -175,7 +175,12 @@ def test_a_batch_walks_the_finished_index(db: None) -> None:
         )
         cursor.execute("ANALYZE todos")
     queue_settings.configure("mail", retention=timedelta(days=20))
-    params = {"queue": "mail", "retention": timedelta(days=20), "limit": 1000, "after": None}
+    params: dict[str, Any] = {
+        "queue": "mail",
+        "retention": timedelta(days=20),
+        "limit": 1000,
+        "after": None,
+    }
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN " + queries["purge_retained"], params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
