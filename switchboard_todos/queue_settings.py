@@ -240,6 +240,18 @@ class QueueView:
         return 0 if self.health is None else self.health.ready + self.health.scheduled
 
     @property
+    def todos_text(self) -> str:
+        """Its todos in a line: "12 pending (10 ready, 2 waiting), 2 claimed, …"."""
+        health = self.health
+        if health is None:
+            return "none"
+        return (
+            f"{self.depth} pending ({health.ready} ready, {health.scheduled} waiting), "
+            f"{health.claimed} claimed, {health.lease_expired} lease expired, "
+            f"{health.dead} dead letters; oldest ready {health.oldest_ready or '-'}"
+        )
+
+    @property
     def pause_text(self) -> str:
         queue = self.settings
         if self.paused_now:

@@ -433,6 +433,24 @@ def test_the_admin_lists_and_repairs_each_database(admin_client: Client) -> None
     assert "Databases" in health and "eu-orders" in health and 'href="?database=default"' in health
 
 
+def test_the_queues_page_shows_and_steers_each_database(admin_client: Client) -> None:
+    Todo.objects.create_todo(queue="eu-orders", kind="k")
+    Todo.objects.create_todo(queue="orders", kind="k")
+    queues = "/admin/switchboard_todos/queue/"
+    assert [row.view.name for row in admin_client.get(queues).context["rows"]] == ["orders"]
+    page = admin_client.get(queues + "?database=eu")
+    assert [row.view.name for row in page.context["rows"]] == ["eu-orders"]
+    assert "?database=eu&amp;queue=eu-orders" in page.content.decode()
+    admin_client.post(
+        queues + "?database=eu",
+        {"action": "pause_selected", "_selected_action": ["eu-orders"], "index": "0"},
+    )
+    assert Queue.objects.using("eu").get().paused
+    admin_client.post(queues + "eu-orders/change/", {"max_attempts": "4", "description": ""})
+    assert Queue.objects.using("eu").get().max_attempts == 4
+    assert not Queue.objects.using("default").exists()
+
+
 def test_an_agent_works_queues_of_both_databases() -> None:
     agent, _ = accounts.create_agent("a1", claim_queues=["orders", "eu-orders"])
     eu, _ = Todo.objects.create_todo(queue="eu-orders", kind="k")

@@ -260,21 +260,12 @@ class Command(OperatorCommand):
 
 def render(view: QueueView) -> list[tuple[str, str]]:
     """A queue's lines for people: label, value."""
-    health = view.health
-    if health is None:
-        todos = "none"
-    else:
-        todos = (
-            f"{view.depth} pending ({health.ready} ready, {health.scheduled} waiting), "
-            f"{health.claimed} claimed, {health.lease_expired} lease expired, "
-            f"{health.dead} dead letters; oldest ready {health.oldest_ready or '-'}"
-        )
     settings = "" if view.configured else " (no settings: the defaults)"
     return [
         ("queue", f"{view.name} (database {view.database}){settings}"),
         ("description", view.settings.description or "-"),
         ("state", view.pause_text),
-        ("todos", todos),
+        ("todos", view.todos_text),
         ("lease without ttl", view.lease_text),
         ("max attempts", view.max_attempts_text),
         ("rate limit", view.rate_text),
