@@ -108,7 +108,7 @@ def purge_retained(
             rows = _fetch("purge_retained", params, using)
             purged.batches += 1
             deleted = 0
-            for state, count, newest in rows:
+            for _queue, state, count, newest in rows:
                 purged.counts[queue, state] += count
                 deleted += count
                 marks[queue] = max(marks.get(queue, newest), newest)

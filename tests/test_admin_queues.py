@@ -2,50 +2,27 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.auth.models import Permission, User
 from django.db.models.functions import Now
 from django.test import Client
 
 from switchboard_todos import queue_settings
+from switchboard_todos.admin.queues import SETTINGS_FIELDS
 from switchboard_todos.models import Queue, State
 from switchboard_todos.queue_settings import Rate
 from tests.helpers import MakeTodo
+from tests.test_admin import messages_of
 
 QUEUES = "/admin/switchboard_todos/queue/"
-_usernames = (f"queue-operator{n}" for n in itertools.count())
 
 
 def page_of(name: str) -> str:
     return f"{QUEUES}{name}/change/"
-
-
-def messages_of(response: Any) -> list[str]:
-    return [str(message) for message in response.context["messages"]]
-
-
-@pytest.fixture
-def operator(db: None) -> Callable[..., Client]:
-    """A logged-in staff client holding exactly the given permissions of the app."""
-
-    def make(*codenames: str) -> Client:
-        user = User.objects.create_user(username=next(_usernames), password="pw", is_staff=True)
-        user.user_permissions.set(
-            Permission.objects.filter(
-                content_type__app_label="switchboard_todos", codename__in=codenames
-            )
-        )
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 def act(client: Client, action: str, *names: str) -> Any:
@@ -56,20 +33,7 @@ def act(client: Client, action: str, *names: str) -> Any:
 
 def form(**changes: str) -> dict[str, str]:
     """A queue page's form as a browser posts it: every field, empty unless given."""
-    data = dict.fromkeys(
-        [
-            "description",
-            "resume_at_0",
-            "resume_at_1",
-            "visibility_timeout",
-            "max_attempts",
-            "rate_limit",
-            "rate_period",
-            "concurrency_limit",
-            "retention",
-        ],
-        "",
-    )
+    data = dict.fromkeys([*SETTINGS_FIELDS, "resume_at_0", "resume_at_1"], "")
     return {**data, **changes}
 
 

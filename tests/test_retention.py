@@ -7,15 +7,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.db.models.functions import Now
 
 from switchboard_todos import queue_settings, retention
 from switchboard_todos.models import State, Todo
 from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
-from switchboard_todos.sql import queries
 from tests.helpers import MakeTodo
+from tests.test_purge import explain, fill_for_plans
 
 DAY = timedelta(days=1)
 
@@ -165,15 +164,7 @@ def test_a_purge_starts_where_the_last_one_stopped(
 def test_a_batch_walks_the_finished_index(db: None) -> None:
     """With many live and finished todos, a batch reads idx_todos_finished, as purge_todos's
     do, from the mark on; the DELETE probes the primary key."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO todos (queue, kind, state, completed_at) "
-            "SELECT (ARRAY['mail', 'sms', 'push'])[1 + n % 3], 'test.kind', "
-            "       (ARRAY['pending', 'claimed', 'done', 'failed'])[1 + n % 4], "
-            "       CASE WHEN n % 4 >= 2 THEN now() - n * interval '1 minute' END "
-            "FROM generate_series(1, 40000) AS n"
-        )
-        cursor.execute("ANALYZE todos")
+    fill_for_plans()
     queue_settings.configure("mail", retention=timedelta(days=20))
     params: dict[str, Any] = {
         "queue": "mail",
@@ -181,9 +172,7 @@ def test_a_batch_walks_the_finished_index(db: None) -> None:
         "limit": 1000,
         "after": None,
     }
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN " + queries["purge_retained"], params)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
+    plan = explain("purge_retained", params)
     # The index gives the order, so the LIMIT stops the scan after one batch of rows: no Sort.
     assert "Index Scan using idx_todos_finished on todos " in plan, plan
     assert "Sort" not in plan, plan

@@ -384,38 +384,30 @@ class QueueAdmin(QueueModelAdmin):
 
     @admin.action(permissions=["pause"], description=_("Pause the selected queues"))
     def pause_selected(self, request: HttpRequest, names: list[str]) -> None:
-        changed = [queue for name in names if (queue := queue_settings.pause(name))]
-        for queue in changed:
-            self.log_change(request, queue, "Paused.")
-        self._report(
-            request,
-            names,
-            changed,
-            ngettext("Paused %(count)d queue.", "Paused %(count)d queues.", len(changed)),
-            _("already paused"),
-        )
+        self._switch(request, names, paused=True)
 
     @admin.action(permissions=["pause"], description=_("Resume the selected queues"))
     def resume_selected(self, request: HttpRequest, names: list[str]) -> None:
-        changed = [queue for name in names if (queue := queue_settings.resume(name))]
-        for queue in changed:
-            self.log_change(request, queue, "Resumed.")
-        self._report(
-            request,
-            names,
-            changed,
-            ngettext("Resumed %(count)d queue.", "Resumed %(count)d queues.", len(changed)),
-            _("not paused"),
-        )
+        self._switch(request, names, paused=False)
 
-    def _report(
-        self, request: HttpRequest, names: list[str], changed: list[Queue], done: str, why: Any
-    ) -> None:
-        """Say how many queues changed, and which were left as they were."""
-        self.message_user(request, done % {"count": len(changed)}, messages.SUCCESS)
+    def _switch(self, request: HttpRequest, names: list[str], *, paused: bool) -> None:
+        """Pause or resume each queue named; log each one changed, and say which were so
+        already."""
+        switch = queue_settings.pause if paused else queue_settings.resume
+        changed = [queue for name in names if (queue := switch(name))]
+        for queue in changed:
+            self.log_change(request, queue, "Paused." if paused else "Resumed.")
+        count = len(changed)
+        done = (
+            ngettext("Paused %(count)d queue.", "Paused %(count)d queues.", count)
+            if paused
+            else ngettext("Resumed %(count)d queue.", "Resumed %(count)d queues.", count)
+        )
+        self.message_user(request, done % {"count": count}, messages.SUCCESS)
         left = sorted(set(names) - {queue.name for queue in changed})
         if left:
-            self.message_user(request, f"{why}: {', '.join(left)}.".capitalize(), messages.INFO)
+            why = _("Already paused: %(queues)s.") if paused else _("Not paused: %(queues)s.")
+            self.message_user(request, why % {"queues": ", ".join(left)}, messages.INFO)
 
     def render_change_form(
         self,

@@ -152,6 +152,20 @@ coalesce($given,
          (SELECT settings.max_attempts FROM todo_queues AS settings WHERE settings.name = $queue),
          %(default_max_attempts)s::int)
 
+-- fragment: purged
+-- The end of a purge: delete the todos its "doomed" CTE picked, and count them per queue and
+-- state with the newest completed_at of each (where the next batch starts). = ANY(ARRAY(...)),
+-- not IN (SELECT ...): an array is probed through the primary key; a semi-join may be planned
+-- as a hash join over a scan of the whole table.
+deleted AS (
+    DELETE FROM todos
+     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
+    RETURNING queue, state, completed_at
+)
+SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
+  FROM deleted
+ GROUP BY queue, state
+
 -- name: create_todo
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
 -- Without %(max_attempts)s (NULL), the todo takes its queue's default (max_attempts_of).
@@ -574,16 +588,7 @@ WITH doomed AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ),
-deleted AS (
-    -- = ANY(ARRAY(...)), not IN (SELECT ...): an array is probed through the primary key;
-    -- a semi-join may be planned as a hash join over a scan of the whole table.
-    DELETE FROM todos
-     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING queue, state, completed_at
-)
-SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
-  FROM deleted
- GROUP BY queue, state;
+{{purged}};
 
 -- name: purge_retained
 -- Delete up to %(limit)s done and failed todos of queue %(queue)s completed longer ago than its
@@ -606,14 +611,7 @@ WITH doomed AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ),
-deleted AS (
-    DELETE FROM todos
-     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING state, completed_at
-)
-SELECT state, count(*) AS deleted, max(completed_at) AS newest
-  FROM deleted
- GROUP BY state;
+{{purged}};
 
 -- name: retained_queues
 -- The queues with a retention (todo_queues), which the reaper purges, and their retention.
