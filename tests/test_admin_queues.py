@@ -322,6 +322,7 @@ def test_a_viewer_sees_a_page_and_changes_nothing(
 
 
 def test_configure_a_new_queue_from_the_add_page(admin_client: Client) -> None:
+    assert admin_client.get(f"{QUEUES}add/?name=reports").status_code == 200
     response = admin_client.post(
         f"{QUEUES}add/", {**form(concurrency_limit="2"), "name": "reports"}, follow=True
     )
