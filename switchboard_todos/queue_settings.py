@@ -48,9 +48,6 @@ class Rate(NamedTuple):
     limit: int
     period: timedelta
 
-    def __str__(self) -> str:
-        return f"{self.limit}/{format_duration(self.period)}"
-
 
 def checked_rate(value: object) -> Rate:
     """A Rate whose limit and period are in range (InvalidTodo otherwise)."""
