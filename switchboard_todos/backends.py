@@ -4,7 +4,7 @@
         "default": {
             "BACKEND": "switchboard_todos.backends.TodoBackend",
             "QUEUES": ["default"],
-            "OPTIONS": {"max_attempts": 5},
+            "OPTIONS": {"max_attempts": 5},  # default: the queue's (Queue), else 5
         }
     }
 
@@ -54,8 +54,9 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: OPTIONS and their defaults.
-OPTIONS = {"max_attempts": DEFAULT_MAX_ATTEMPTS}
+#: OPTIONS and their defaults; a `max_attempts` of None leaves it to each task's queue (Queue),
+#: else DEFAULT_MAX_ATTEMPTS.
+OPTIONS: dict[str, int | None] = {"max_attempts": None}
 
 STATUS = {
     State.PENDING: TaskResultStatus.READY,
@@ -162,12 +163,18 @@ class TodoBackend(BaseTaskBackend):
             )
         max_attempts = self.options.get("max_attempts", OPTIONS["max_attempts"])
         try:
-            validation.whole_number(max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT)
+            if max_attempts is not None:
+                validation.whole_number(
+                    max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT
+                )
         except InvalidTodo as error:
             errors.append(
                 checks.Error(
                     f"{where}['OPTIONS']['max_attempts']: {error}",
-                    hint="Attempts per task before it is dead-lettered; 1 means no retries.",
+                    hint=(
+                        "Attempts per task before it is dead-lettered; 1 means no retries, None "
+                        f"the queue's default (else {DEFAULT_MAX_ATTEMPTS})."
+                    ),
                     id="switchboard_todos.E103",
                 )
             )

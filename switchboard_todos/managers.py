@@ -111,7 +111,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         source: str = "",
         idempotency_key: str | None = None,
         assignee: str | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
         priority: int = 0,
         concurrency_key: str | None = None,
         event: Event | str | None = None,
@@ -119,7 +119,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
     ) -> tuple[Todo, bool]:
         """Enqueue a todo; with an idempotency key held by a live todo, return that one instead.
 
-        Returns (todo, created). Concurrent calls with one key make exactly one row.
+        Returns (todo, created). Concurrent calls with one key make exactly one row. Without
+        `max_attempts`, the todo gets its queue's default (Queue), else DEFAULT_MAX_ATTEMPTS.
         """
         spec = {
             "queue": queue,
@@ -175,6 +176,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
             "priorities": [p["priority"] for p in batch],
             "concurrency_keys": [p["concurrency_key"] for p in batch],
             "run_afters": [p["run_after"] for p in batch],
+            "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
             "notify": conf.LISTEN,
         }
         by_id: dict[str, Todo] = {}
@@ -201,7 +203,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
         returns no Todos and cannot deduplicate, so a todo with an idempotency key is refused
         (use `create_many`). Each mapping takes `create_todo`'s arguments and is validated
         before anything is written; the batch commits as one, with the caller's transaction if
-        there is one. A `run_after` in the past makes the todo claimable at once.
+        there is one. A `run_after` in the past makes the todo claimable at once. Rows without
+        `max_attempts` take their queue's default, looked up in one query before the COPY.
         """
         batch = validation.creations(todos)
         for number, params in enumerate(batch):
@@ -218,6 +221,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         """Run `enqueue_many` with validated rows, all of this manager's database."""
         if not rows:
             return 0
+        rows = self._with_queue_max_attempts(rows)
         # Columns at their database default in every row are left to the default, as a
         # hand-written COPY would: the fewer columns, the less to send and to parse.
         columns = [
@@ -245,6 +249,22 @@ class TodoManager(_TodoManagerBase["Todo"]):
             with self._cursor() as cursor:
                 cursor.execute(queries["notify_queues"], {"queues": ready})
         return len(rows)
+
+    def _with_queue_max_attempts(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`rows`, each without max_attempts given its queue's default (Queue), else
+        DEFAULT_MAX_ATTEMPTS: one query for the batch, none when every row gives its own."""
+        wanted = sorted({row["queue"] for row in rows if row["max_attempts"] is None})
+        if not wanted:
+            return rows
+        with self._cursor() as cursor:
+            cursor.execute(queries["queue_max_attempts"], {"queues": wanted})
+            defaults: dict[str, int] = dict(cursor.fetchall())
+        return [
+            row
+            if row["max_attempts"] is not None
+            else {**row, "max_attempts": defaults.get(row["queue"], DEFAULT_MAX_ATTEMPTS)}
+            for row in rows
+        ]
 
     def _placed(self, queues: Sequence[str]) -> TodoManager:
         """This manager on the database `queues` live in (placement.py); itself when pinned
@@ -340,7 +360,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         # The live twin may commit after this statement's snapshot was taken: then ON CONFLICT
         # waits for it and skips the insert, yet the fallback SELECT cannot see it. Running the
         # statement again sees it (or inserts, if the twin has finished meanwhile).
-        params = {**params, "notify": conf.LISTEN}
+        params = {**params, "default_max_attempts": DEFAULT_MAX_ATTEMPTS, "notify": conf.LISTEN}
         for _ in range(3):
             rows = self._run("create_todo", params, extra="created")
             if rows:

@@ -19,8 +19,9 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
 DEFAULT_MAX_ATTEMPTS = 5
-"""Attempts a todo gets unless it is created with its own `max_attempts`: its last failure, or
-its last lease lapsing, makes it a dead letter."""
+"""Attempts a todo gets unless it is created with its own `max_attempts` or its queue has a
+default (Queue.max_attempts): its last failure, or its last lease lapsing, makes it a dead
+letter."""
 
 
 class State(models.TextChoices):

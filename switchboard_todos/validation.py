@@ -22,7 +22,6 @@ from django.utils import timezone
 
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo
-from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from switchboard_todos.models import Event
@@ -385,7 +384,7 @@ CREATION_DEFAULTS: dict[str, Any] = {
     "source": "",
     "idempotency_key": None,
     "assignee": None,
-    "max_attempts": DEFAULT_MAX_ATTEMPTS,
+    "max_attempts": None,
     "priority": 0,
     "concurrency_key": None,
     "event": None,
@@ -397,7 +396,9 @@ _CREATION_ARGUMENTS = frozenset(CREATION_DEFAULTS)
 def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Validate one todo's `create_todo` arguments into the insert's parameters.
 
-    Arguments left at their default skip their check: batches call this once per row.
+    Arguments left at their default skip their check: batches call this once per row. A
+    `max_attempts` of None stays None: the insert takes the queue's default (Queue), else
+    DEFAULT_MAX_ATTEMPTS.
     `event_given_by_id` says whether the event was named by a str id, which the manager looks
     up before inserting (a saved Event needs no lookup), and `event_database` where a saved
     Event was loaded from (a todo must live in its event's database).
@@ -417,7 +418,7 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         get("source", ""),
         get("idempotency_key"),
         get("assignee"),
-        get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+        get("max_attempts"),
         get("priority", 0),
         get("concurrency_key"),
         get("event"),
@@ -432,8 +433,8 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         "idempotency_key": None if key is None else idempotency_key(key),
         "assignee": None if holder is None else assignee(holder),
         "max_attempts": (
-            attempts
-            if attempts == DEFAULT_MAX_ATTEMPTS and type(attempts) is int
+            None
+            if attempts is None
             else whole_number(attempts, "max_attempts", 1, MAX_ATTEMPTS_LIMIT)
         ),
         "priority": rank if rank == 0 and type(rank) is int else priority(rank),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,7 +9,6 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django.db.models import QuerySet
@@ -25,7 +23,6 @@ CHANGELIST = "/admin/switchboard_todos/todo/"
 HEALTH = "/admin/switchboard_todos/todo/health/"
 REQUEUE_ALL = "/admin/switchboard_todos/todo/requeue-dead-letters/"
 EVENTS = "/admin/switchboard_todos/event/"
-_usernames = (f"operator{n}" for n in itertools.count())
 
 
 def change_url(todo: Todo) -> str:
@@ -40,24 +37,6 @@ def run_action(client: Client, action: str, todos: list[Todo], **extra: str) -> 
     """Pick `todos` on the list and run `action`, as the action bar's Go button does."""
     data = {"action": action, "index": "0", "_selected_action": [t.pk for t in todos], **extra}
     return client.post(CHANGELIST, data, follow=True)
-
-
-@pytest.fixture
-def operator(db: None) -> Callable[..., Client]:
-    """A logged-in staff client holding exactly the given todo permissions."""
-
-    def make(*codenames: str) -> Client:
-        user = User.objects.create_user(username=next(_usernames), password="pw", is_staff=True)
-        user.user_permissions.set(
-            Permission.objects.filter(
-                content_type__app_label="switchboard_todos", codename__in=codenames
-            )
-        )
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 def bulk_todos(count: int, **fields: Any) -> list[Todo]:

@@ -348,6 +348,7 @@ def test_create_todo_conflict_target_matches_the_dedupe_index(db: None) -> None:
         "idempotency_key": "key",
         "assignee": None,
         "max_attempts": 5,
+        "default_max_attempts": 5,
         "priority": 0,
         "concurrency_key": None,
         "run_after": None,

@@ -226,14 +226,39 @@ SET state = 'claimed',
     slot = (SELECT slot.slot FROM slot WHERE slot.id = todos.id),
     updated_at = now()
 
+-- fragment: max_attempts_of(given, queue)
+-- A new todo's attempt budget: `given`, or when the caller gave none (NULL), the default of its
+-- queue `queue` (todo_queues.max_attempts), else %(default_max_attempts)s. The queue's row is
+-- read only when none was given: COALESCE evaluates an argument only when those before it
+-- are NULL.
+coalesce($given,
+         (SELECT settings.max_attempts FROM todo_queues AS settings WHERE settings.name = $queue),
+         %(default_max_attempts)s::int)
+
+-- fragment: purged
+-- The end of a purge: delete the todos its "doomed" CTE picked, and count them per queue and
+-- state with the newest completed_at of each (where the next batch starts). = ANY(ARRAY(...)),
+-- not IN (SELECT ...): an array is probed through the primary key; a semi-join may be planned
+-- as a hash join over a scan of the whole table.
+deleted AS (
+    DELETE FROM todos
+     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
+    RETURNING queue, state, completed_at
+)
+SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
+  FROM deleted
+ GROUP BY queue, state
+
 -- name: create_todo
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
+-- Without %(max_attempts)s (NULL), the todo takes its queue's default (max_attempts_of).
 WITH inserted AS (
     INSERT INTO todos (queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, next_retry_at)
     VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
-            %(idempotency_key)s, %(assignee)s, %(max_attempts)s, %(priority)s,
-            %(concurrency_key)s,
+            %(idempotency_key)s, %(assignee)s,
+            {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
+            %(priority)s, %(concurrency_key)s,
             CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
     {{unless_key_held}}
     RETURNING *
@@ -250,6 +275,7 @@ SELECT *, false AS created
 
 -- name: create_many
 -- Insert many pending todos at once; return the inserted rows and the live rows that hold keys.
+-- A row's max_attempts may be NULL: that todo takes its queue's default (max_attempts_of).
 WITH batch AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
@@ -264,7 +290,8 @@ inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, next_retry_at)
     SELECT id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
-           max_attempts, priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
+           {{max_attempts_of(batch.max_attempts, batch.queue)}},
+           priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
       FROM batch
     {{unless_key_held}}
     RETURNING *
@@ -675,16 +702,34 @@ WITH doomed AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ),
-deleted AS (
-    -- = ANY(ARRAY(...)), not IN (SELECT ...): an array is probed through the primary key;
-    -- a semi-join may be planned as a hash join over a scan of the whole table.
-    DELETE FROM todos
-     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING queue, state, completed_at
-)
-SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
-  FROM deleted
- GROUP BY queue, state;
+{{purged}};
+
+-- name: purge_retained
+-- Delete up to %(limit)s done and failed todos of queue %(queue)s completed longer ago than its
+-- retention, %(retention)s, and at or after %(after)s, oldest first; one bounded batch, which
+-- the reaper repeats while batches come back full. Nothing when the queue's retention
+-- (todo_queues) has since been cleared or made longer. Like purge_batch it walks
+-- idx_todos_finished from %(after)s, the newest completed_at a previous batch deleted: a todo
+-- is only ever completed at now(), so no deletable todo appears behind that mark, and the
+-- reaper keeps it from sweep to sweep instead of walking again, every few seconds, past the
+-- finished todos of queues kept for ever. Rows another session holds are skipped.
+WITH doomed AS (
+    SELECT id
+      FROM todos
+     WHERE state IN ('done', 'failed')
+       AND completed_at < now() - %(retention)s::interval
+       AND completed_at >= coalesce(%(after)s::timestamptz, '-infinity')
+       AND queue = %(queue)s
+       AND %(retention)s::interval <= (SELECT retention FROM todo_queues WHERE name = %(queue)s)
+     ORDER BY completed_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+{{purged}};
+
+-- name: retained_queues
+-- The queues with a retention (todo_queues), which the reaper purges, and their retention.
+SELECT name, retention FROM todo_queues WHERE retention IS NOT NULL ORDER BY name;
 
 -- name: count_purgeable
 -- Count, per queue and state, the todos purge_batch would delete with the same parameters.
@@ -700,3 +745,10 @@ SELECT queue, state, count(*) AS deleted
 -- name: notify_queues
 -- Wake the workers of %(queues)s, on commit: enqueue_many's COPY cannot notify by itself.
 SELECT pg_notify('switchboard_todos', queue) FROM unnest(%(queues)s::text[]) AS woken (queue);
+
+-- name: queue_max_attempts
+-- The default max_attempts of those of %(queues)s that have one (todo_queues): enqueue_many
+-- reads them before its COPY, which cannot look them up row by row.
+SELECT name, max_attempts
+  FROM todo_queues
+ WHERE name = ANY (%(queues)s::text[]) AND max_attempts IS NOT NULL;
