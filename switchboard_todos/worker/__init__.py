@@ -10,9 +10,11 @@ along the lines of Oban's producer, executor and watchman and River's producer a
 * `executing`: a runner runs its batch one todo after the other, and acknowledges the
   successes with one `complete_many` per batch; a failure is stored at once with `fail`
   (`Executor`);
-* `heartbeats`: one thread extends the leases of the running todos (`Heartbeater`) and, at
-  each beat, runs the watchdog;
-* `watchdog`: handlers past their timeouts, and the batches stuck behind them (`Watchdog`);
+* `heartbeats`: one thread extends the leases of the running todos with their handlers'
+  progress notes, and learns which ones an operator cancelled (`Heartbeater`); at each beat
+  it runs the watchdog;
+* `watchdog`: the handlers the worker stops waiting for (past their timeouts, or cancelled),
+  and the batches stuck behind slow ones (`Watchdog`);
 * `supervisor`: the calling thread watches for signals, `max_seconds` and the shutdown
   timeout, and stops or aborts; a thread that crashes stops the worker (`Supervisor`);
 * `hand`: what they share (the todos in hand, the runners, the counts), and `databases`:

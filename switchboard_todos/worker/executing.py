@@ -2,7 +2,8 @@
 
 A success waits at most ACK_DELAY for its runner's other successes and goes with them in one
 `complete_many`; a failure is stored at once with `fail` (backoff and dead letters are the
-core's business). A todo whose lease was lost, or that was released, records nothing more.
+core's business). A todo whose lease was lost, that was released, or that an operator
+cancelled records nothing more.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from switchboard_todos import faults, handlers, outcomes
-from switchboard_todos.exceptions import TodoConflict, TodoNotFound, UnknownKind
+from switchboard_todos.exceptions import TodoCancelled, TodoConflict, TodoNotFound, UnknownKind
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker.databases import Databases
 from switchboard_todos.worker.hand import Hand, Held, Runner, database_of, log, logger
@@ -53,17 +54,20 @@ class Executor:
             handler = self._handler(todo)
             held.finished = getattr(handler, "finished", None)
             held.timeout = self._timeout(todo)
-            value = outcomes.result(handler(todo))
+            with handlers.running(held.running):
+                value = outcomes.result(handler(todo))
         except BaseException as error:
-            if held.timed_out:
-                return  # failed at its timeout already; this thread is no longer a runner
+            held.returned = True
+            if held.dropped:
+                return  # failed at its timeout, or cancelled: no longer a runner's todo
             seconds = time.perf_counter() - started
             runner.record(seconds)
             hand.running.pop(todo.id, None)
             # Still inside `except`: a `finished` hook (task_finished) logs the traceback.
             self.fail(held, error, seconds)
             return
-        if held.timed_out:
+        held.returned = True
+        if held.dropped:
             return
         seconds = time.perf_counter() - started
         runner.record(seconds)
@@ -126,7 +130,7 @@ class Executor:
         results = {
             todo_id: value
             for todo_id, (held, value, _) in acks.items()
-            if not held.lost and not held.released
+            if not held.lost and not held.released and not held.running.cancelled
         }
         try:
             stored = set(
@@ -145,6 +149,11 @@ class Executor:
                 "worker %s: a batch acknowledgement was refused", hand.owner, exc_info=True
             )
             stored = self._complete_each(runner, alias, acks, results)
+        else:
+            missed = {todo_id: value for todo_id, value in results.items() if todo_id not in stored}
+            if missed:
+                # Say why: each one's `complete` misses too, and tells a cancel from a loss.
+                stored |= self._complete_each(runner, alias, acks, missed)
         with hand.lock:
             hand.stats.done += len(stored)
         for todo_id, (held, value, seconds) in acks.items():
@@ -173,6 +182,8 @@ class Executor:
                 self.databases.run(
                     "complete", complete, todo_id, self.hand.owner, value, tries=1, database=alias
                 )
+            except TodoCancelled:
+                acks[todo_id][0].running.cancelled = True  # reported with the others
             except (TodoConflict, TodoNotFound):
                 continue  # lost: reported with the others
             except faults.DatabaseUnavailable:
@@ -189,11 +200,15 @@ class Executor:
         """Store a failed attempt (retried, or dead-lettered at the cap), unless it was lost."""
         hand = self.hand
         todo = held.todo
-        if held.lost or held.released:
+        if held.lost or held.released or held.running.cancelled:
             self._lost(held, seconds)
             return
         try:
             stored = self._store_failure(todo, error)
+        except TodoCancelled:
+            held.running.cancelled = True
+            self._lost(held, seconds)
+            return
         except (TodoConflict, TodoNotFound):
             self._lost(held, seconds)
             return
@@ -255,11 +270,26 @@ class Executor:
             logger.exception("todo %s: the finished hook failed", stored.id)
 
     def _lost(self, held: Held, seconds: float) -> None:
+        """Count and log a todo whose outcome was not stored: no longer held, or cancelled."""
         if held.released:
+            return
+        if held.running.cancelled:
+            self.cancelled(held, seconds)
             return
         with self.hand.lock:
             self.hand.stats.lost += 1
         log(held.todo, "lost: the lease went to another worker", seconds, level=logging.WARNING)
+
+    def cancelled(self, held: Held, seconds: float) -> None:
+        """Count and log, once, a todo an operator cancelled; nothing more is stored for it."""
+        with self.hand.lock:
+            self.hand.stats.cancelled += 1
+        log(
+            held.todo,
+            "cancelled by an operator: its handler's outcome is dropped",
+            seconds,
+            level=logging.WARNING,
+        )
 
     def release(self, held: Held) -> None:
         """Give a todo's lease back (the attempt not counted); a lost one is left alone."""

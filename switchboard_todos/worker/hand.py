@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from switchboard_todos import outcomes
+from switchboard_todos import handlers, outcomes
 from switchboard_todos.listen import Doorbell
 from switchboard_todos.models import Todo
 
@@ -27,14 +27,15 @@ class WorkerStats:
     dead_lettered: int = 0
     released: int = 0
     lost: int = 0
+    cancelled: int = 0
 
 
 class Held:
     """A todo this worker claimed: waiting in a runner's batch, running, or awaiting its ack."""
 
     __slots__ = (
-        "todo", "leased_at", "finished", "lost", "released", "runner", "started", "timeout",
-        "timed_out", "warned",
+        "todo", "leased_at", "finished", "lost", "released", "runner", "started", "returned",
+        "timeout", "dropped", "warned", "running",
     )  # fmt: skip
 
     def __init__(self, todo: Todo, leased_at: float) -> None:
@@ -45,9 +46,14 @@ class Held:
         self.released = False
         self.runner: Runner | None = None  # the runner whose thread runs its handler
         self.started: float | None = None  # monotonic time its handler started
+        self.returned = False  # its handler returned or raised
         self.timeout: float | None = None
-        self.timed_out = False  # failed at its timeout while its handler ran on
+        # The worker stopped waiting for its handler (past its timeout, or cancelled), whose
+        # thread runs on, no longer a runner; whatever the handler ends with is dropped.
+        self.dropped = False
         self.warned = False  # logged as possibly hung
+        #: What its handler can ask: cancelled? And what it reports: its progress.
+        self.running = handlers.Running(todo.id)
 
 
 class Runner:

@@ -1,8 +1,10 @@
-"""Heartbeats: the leases of the running todos extended, one statement per database and beat."""
+"""Heartbeats: the leases of the running todos extended, their handlers' progress notes stored,
+and the todos an operator cancelled learned of: one statement per database and beat."""
 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from switchboard_todos import faults
 from switchboard_todos.worker.databases import Databases
@@ -11,8 +13,10 @@ from switchboard_todos.worker.hand import Hand, Held, database_of, logger
 
 class Heartbeater:
     """Extends the lease of each running todo when a third of the TTL has passed since it was
-    last set. A heartbeat that finds the lease gone marks the todo lost: its outcome is then
-    not stored, as another worker owns it now.
+    last set, with its handler's latest progress note. A heartbeat that finds the lease gone
+    marks the todo lost: its outcome is then not stored, as another worker owns it now. One
+    that finds it cancelled by an operator tells the handler (`todo_cancelled()`), and the
+    watchdog stops waiting for it.
     """
 
     def __init__(self, hand: Hand, databases: Databases) -> None:
@@ -30,7 +34,10 @@ class Heartbeater:
         due = {
             todo_id: held
             for todo_id, held in list(self.hand.running.items())
-            if not held.lost and not held.released and now - held.leased_at >= self.every
+            if not held.lost
+            and not held.released
+            and not held.running.cancelled
+            and now - held.leased_at >= self.every
         }
         by_database: dict[str, dict[str, Held]] = {}
         for todo_id, held in due.items():
@@ -41,10 +48,15 @@ class Heartbeater:
     def _beat_database(self, alias: str, due: dict[str, Held], now: float) -> None:
         """One `heartbeat_many` for the todos of database `alias` due a beat."""
         hand = self.hand
+        progress = {
+            todo_id: held.running.progress
+            for todo_id, held in due.items()
+            if held.running.progress is not None
+        }
         try:
             beats = self.databases.run(
                 "heartbeat",
-                self.databases.managers[alias].heartbeat_many,
+                partial(self.databases.managers[alias].heartbeat_many, progress=progress),
                 hand.owner,
                 hand.ttl,
                 list(due),
@@ -58,7 +70,9 @@ class Heartbeater:
         for todo_id in beats.lost:
             due[todo_id].lost = True
             logger.warning("todo %s: lease lost to another worker", todo_id)
-        if skipped := len(due) - len(beats.extended) - len(beats.lost):
+        for todo_id in beats.cancelled:
+            due[todo_id].running.cancelled = True
+        if skipped := len(due) - len(beats.extended) - len(beats.lost) - len(beats.cancelled):
             logger.info(
                 "worker %s: %d todos locked by another session; their leases are "
                 "extended at the next beat",

@@ -1,4 +1,5 @@
-"""The watchdog: handlers that run past their timeouts, and batches stuck behind them."""
+"""The watchdog: handlers the worker stops waiting for (past their timeouts, or cancelled by an
+operator), and the batches stuck behind slow handlers."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ HUNG_WARNING_TTLS = 3
 
 
 class Watchdog:
-    """Fails a todo whose handler overran and gives its runner's place to a fresh thread;
-    releases the todos waiting behind a slow handler; warns of long runs without a timeout.
+    """Fails a todo whose handler overran, and drops one an operator cancelled, giving the
+    runner's place to a fresh thread; releases the todos waiting behind a slow handler; warns
+    of long runs without a timeout.
 
     `start` starts a runner's thread; `abort` releases everything in hand and ends the worker.
     """
@@ -42,14 +44,18 @@ class Watchdog:
         self._release_stuck_batches()
 
     def _watch_handlers(self) -> None:
-        """Fail each todo whose handler ran past its timeout; warn of long ones without one."""
+        """Drop each todo cancelled under its handler; fail each whose handler ran past its
+        timeout; warn of long ones without one."""
         hand = self.hand
         now = time.monotonic()
         for held in list(hand.running.values()):
             if held.started is None or held.lost or held.released:
                 continue
             ran = now - held.started
-            if held.timeout is not None and ran > held.timeout:
+            if held.running.cancelled:
+                if not held.returned:  # else its outcome, refused, is told when flushed
+                    self._drop_cancelled(held, ran)
+            elif held.timeout is not None and ran > held.timeout:
                 self._time_out(held, ran)
             elif held.timeout is None and not held.warned and ran > HUNG_WARNING_TTLS * hand.ttl:
                 held.warned = True
@@ -71,16 +77,29 @@ class Watchdog:
         returns. When more threads hang than the worker has runners, the process exits
         non-zero, the one way to end them, and its supervisor starts a fresh one.
         """
-        hand = self.hand
-        held.timed_out = True
-        hand.running.pop(held.todo.id, None)
+        held.dropped = True
+        self.hand.running.pop(held.todo.id, None)
         error = HandlerTimeout(
             f"The handler ran past its timeout of {held.timeout:g}s and was abandoned (still "
             f"running after {ran:.1f}s)."
         )
         self.executor.fail(held, error, ran)
         held.lost = True
-        runner = held.runner
+        self._replace(held.runner)
+
+    def _drop_cancelled(self, held: Held, ran: float) -> None:
+        """Stop waiting for the handler of a todo an operator cancelled, as for one that
+        overran: nothing more is stored for it, and a fresh thread takes its runner's place.
+        The handler sees `todo_cancelled()` (or TodoCancelled at `report_progress`) and can
+        return; whatever it returns is dropped."""
+        held.dropped = True
+        self.hand.running.pop(held.todo.id, None)
+        self.executor.cancelled(held, ran)
+        self._replace(held.runner)
+
+    def _replace(self, runner: Runner | None) -> None:
+        """Give the place of `runner`, whose thread is stuck in a handler, to a fresh one."""
+        hand = self.hand
         if runner is None or runner.abandoned:
             return
         runner.abandoned = True
@@ -93,8 +112,8 @@ class Watchdog:
             hand.runners[hand.runners.index(runner)] = fresh
         if hung > hand.concurrency:
             logger.error(
-                "worker %s: %d handler threads hung past their timeouts; exiting so that the "
-                "process is restarted",
+                "worker %s: %d handler threads hung past their timeouts or cancellation; "
+                "exiting so that the process is restarted",
                 hand.owner,
                 hung,
             )
