@@ -41,7 +41,7 @@ from switchboard_todos.compat import (
     task_finished,
     task_started,
 )
-from switchboard_todos.exceptions import InvalidTodo, LeaseExpired
+from switchboard_todos.exceptions import InvalidTodo, LeaseExpired, TodoCancelled
 from switchboard_todos.handlers import TASKS_SOURCE
 from switchboard_todos.models import State, Todo
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
@@ -65,7 +65,12 @@ STATUS = {
     State.FAILED: TaskResultStatus.FAILED,
 }
 
-_LEASE_EXPIRED = f"{LeaseExpired.__module__}.{LeaseExpired.__qualname__}"
+#: The errors the core records by a short name (the reaper's, an operator's cancel), as the
+#: classes a TaskError names.
+_RECORDED = {
+    "LeaseExpired": f"{LeaseExpired.__module__}.{LeaseExpired.__qualname__}",
+    "Cancelled": f"{TodoCancelled.__module__}.{TodoCancelled.__qualname__}",
+}
 
 
 class TodoBackend(BaseTaskBackend):
@@ -323,8 +328,8 @@ def _task_error(entry: dict[str, Any]) -> TaskError:
     """One entry of `todos.errors` as a TaskError, whose class path must import."""
     error = entry.get("error") or {}
     kind = str(error.get("type") or "")
-    if kind == "LeaseExpired":
-        path = _LEASE_EXPIRED
+    if kind in _RECORDED:
+        path = _RECORDED[kind]
     elif "." in kind:
         path = kind
     else:

@@ -62,13 +62,16 @@ class ReapResult(NamedTuple):
 
 
 class Heartbeats(NamedTuple):
-    """What `heartbeat_many` did: the leases it extended, and the todos the owner lost.
+    """What `heartbeat_many` did: the leases it extended, the todos the owner lost, and those
+    an operator cancelled while the owner held them (stop work on them; their complete and
+    fail are refused).
 
-    An id in neither list was locked by another session; the next beat tries it again.
+    An id in none of the lists was locked by another session; the next beat tries it again.
     """
 
     extended: list[str]
     lost: list[str]
+    cancelled: list[str]
 
 
 class BatchResult(NamedTuple):
@@ -588,30 +591,58 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
     # The owner's verbs
 
-    def heartbeat(self, todo_id: str, owner: str, ttl: Seconds | None = None) -> Todo:
-        """Extend the lease on a todo `owner` holds to `ttl` from now."""
-        params = _leased(validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl))
+    def heartbeat(
+        self, todo_id: str, owner: str, ttl: Seconds | None = None, *, progress: Any = None
+    ) -> Todo:
+        """Extend the lease on a todo `owner` holds to `ttl` from now.
+
+        `progress` (any JSON value, at most SWITCHBOARD_TODOS_MAX_PROGRESS_BYTES) becomes the
+        todo's latest progress note; without it the last note stays. A todo an operator
+        cancelled raises TodoCancelled: stop work on it.
+        """
+        params = _leased(
+            validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl, progress=progress)
+        )
         return self._transition("heartbeat", params) or self._classify_miss(
             "heartbeat", todo_id, owner
         )
 
     def heartbeat_many(
-        self, owner: str, ttl: Seconds | None, todo_ids: Iterable[str]
+        self,
+        owner: str,
+        ttl: Seconds | None,
+        todo_ids: Iterable[str],
+        *,
+        progress: Mapping[str, Any] | None = None,
     ) -> Heartbeats:
         """Extend the leases of the todos `owner` holds among `todo_ids`, in one statement.
 
-        The statement never waits on a row lock: a todo another session holds locked is left
-        out of both lists of the answer, to be tried again at the next beat. `lost` names the
-        todos `owner` no longer holds.
+        `progress` maps some of the ids to their latest progress notes. The statement never
+        waits on a row lock: a todo another session holds locked is left out of every list of
+        the answer, to be tried again at the next beat. `lost` names the todos `owner` no
+        longer holds, `cancelled` those an operator cancelled while `owner` held them.
         """
-        params = _leased(validation.arguments(owner=owner, ttl=ttl, todo_ids=todo_ids))
+        checked = validation.arguments(
+            owner=owner, ttl=ttl, todo_ids=todo_ids, progress_by_id=progress
+        )
+        ids = checked["todo_ids"]
+        params = _leased(
+            {
+                "owner": checked["owner"],
+                "ttl": checked["ttl"],
+                "todo_ids": ids,
+                "progress": checked["progress_by_id"],
+            }
+        )
         with self._cursor() as cursor:
             cursor.execute(queries["heartbeat_many"], params)
-            held = cursor.fetchall()
-        extended = [todo_id for todo_id, done in held if done]
-        still_held = {todo_id for todo_id, _ in held}
-        lost = [todo_id for todo_id in params["todo_ids"] if todo_id not in still_held]
-        return Heartbeats(extended=extended, lost=lost)
+            seen = cursor.fetchall()
+        answered = {todo_id for todo_id, _, _ in seen}
+        return Heartbeats(
+            extended=[todo_id for todo_id, extended, _ in seen if extended],
+            lost=[todo_id for todo_id in ids if todo_id not in answered],
+            cancelled=[todo_id for todo_id, _, cancelled in seen if cancelled],
+        )
 
     def complete(self, todo_id: str, owner: str, result: Any = None) -> Todo:
         """Mark a todo `owner` holds done, storing `result` (any JSON value)."""
@@ -716,20 +747,20 @@ class TodoManager(_TodoManagerBase["Todo"]):
         expired = self._rows("expire_lease", {"ids": ids, "notify": conf.LISTEN})
         return self._batch_result("expire_lease", ids, expired)
 
-    def dead_letter(self, todo_id: str, reason: str) -> Todo:
-        """Cancel a pending todo: failed (a dead letter), `reason` kept as its result and error."""
+    def cancel(self, todo_id: str, reason: str) -> Todo:
+        """Cancel a pending or claimed todo: failed (a dead letter), `reason` kept as its result
+        and error. Its holder, if any, is told at its next heartbeat (TodoCancelled), and its
+        complete and fail are refused."""
         checked = validation.arguments(todo_id=todo_id, reason=reason)
         params = {"ids": [checked["todo_id"]], "reason": checked["reason"]}
-        return self._transition("dead_letter", params) or self._classify_miss(
-            "dead_letter", todo_id, None
-        )
+        return self._transition("cancel", params) or self._classify_miss("cancel", todo_id, None)
 
-    def dead_letter_many(self, todo_ids: Iterable[str], reason: str) -> BatchResult:
-        """Cancel many pending todos in one statement."""
+    def cancel_many(self, todo_ids: Iterable[str], reason: str) -> BatchResult:
+        """Cancel many pending or claimed todos in one statement."""
         checked = validation.arguments(todo_ids=todo_ids, reason=reason)
         ids = checked["todo_ids"]
-        changed = self._rows("dead_letter", {"ids": ids, "reason": checked["reason"]})
-        return self._batch_result("dead_letter", ids, changed)
+        changed = self._rows("cancel", {"ids": ids, "reason": checked["reason"]})
+        return self._batch_result("cancel", ids, changed)
 
     def set_priority(self, todo_id: str, priority: int) -> Todo:
         """Give a pending todo a new priority (-100 to 100; higher is claimed sooner)."""
@@ -859,12 +890,13 @@ class TodoManager(_TodoManagerBase["Todo"]):
         return BatchResult(changed=changed, refused=refused)
 
     def _classify_miss(self, operation: str, todo_id: str, owner: str | None) -> Todo:
-        """Raise TodoNotFound or a TodoConflict that says what stood in the way."""
+        """Raise TodoNotFound or a TodoConflict (TodoCancelled) that says what stood in the way."""
         seen = self._seen([todo_id]).get(todo_id)
         if seen is None:
             raise TodoNotFound(todo_id)
-        raise TodoConflict(
-            TRANSITIONS[operation].conflict(seen, owner),
+        transition = TRANSITIONS[operation]
+        raise transition.error(seen, owner)(
+            transition.conflict(seen, owner),
             todo_id=todo_id,
             state=seen["state"],
             owner=seen["owner"],
@@ -887,8 +919,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
     arequeue_many = _async_twin(requeue_many)
     aexpire_lease = _async_twin(expire_lease)
     aexpire_lease_many = _async_twin(expire_lease_many)
-    adead_letter = _async_twin(dead_letter)
-    adead_letter_many = _async_twin(dead_letter_many)
+    acancel = _async_twin(cancel)
+    acancel_many = _async_twin(cancel_many)
     aset_priority = _async_twin(set_priority)
     aset_priority_many = _async_twin(set_priority_many)
 

@@ -39,7 +39,7 @@ MAX_ATTEMPTS_LIMIT = 1000
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 CLAIM_BATCH_LIMIT = 1000
 TODO_ID_MAX_LENGTH = 100
-#: Most todos one operator batch (requeue_many, expire_lease_many, dead_letter_many) takes.
+#: Most todos one operator batch (requeue_many, expire_lease_many, cancel_many) takes.
 OPERATOR_BATCH_LIMIT = 10_000
 REASON_MAX_LENGTH = 1000
 #: SQS's longest visibility timeout; heartbeat to hold a todo longer.
@@ -281,8 +281,9 @@ _NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-def json_text(value: Any, name: str) -> str:
-    """Serialize `value` as the JSON the database will store, within MAX_JSON_BYTES."""
+def json_text(value: Any, name: str, *, limit: int | None = None) -> str:
+    """Serialize `value` as the JSON the database will store, within `limit` bytes (by default
+    MAX_JSON_BYTES)."""
     try:
         serialized = JSON_ENCODER.encode(value)
     except (TypeError, ValueError) as error:
@@ -294,7 +295,8 @@ def json_text(value: Any, name: str) -> str:
     if "\\u0000" in serialized and _JSON_NUL.search(serialized):
         raise InvalidTodo(f"{name} must not contain NUL characters (PostgreSQL rejects them).")
     size = len(serialized) if serialized.isascii() else len(_encodable(serialized, name))
-    limit = conf.MAX_JSON_BYTES
+    if limit is None:
+        limit = conf.MAX_JSON_BYTES
     if size > limit:
         raise InvalidTodo(f"{name} is {size} bytes as JSON; the limit is {limit}.")
     # Fewer brackets than the limit cannot nest deeper than it: most values stop here.
@@ -351,6 +353,27 @@ def error(value: object) -> str:
 def result(value: Any) -> str | None:
     """What a completed todo returned: any JSON value; None stores SQL NULL."""
     return None if value is None else json_text(value, "result")
+
+
+def progress(value: Any, name: str = "progress") -> str | None:
+    """A holder's progress note: any JSON value, at most MAX_PROGRESS_BYTES; None sends none."""
+    return None if value is None else json_text(value, name, limit=conf.MAX_PROGRESS_BYTES)
+
+
+def progress_by_id(value: object) -> str | None:
+    """`heartbeat_many`'s mapping of todo id to progress note, as one JSON object; each note is
+    bounded on its own (a None note sends none)."""
+    if value is None:
+        return None
+    if type(value) is not dict and not isinstance(value, Mapping):
+        raise InvalidTodo(f"progress must map todo ids to notes, not {type(value).__name__}.")
+    texts = {
+        todo_id(key): progress(note, f"the progress of {key!r}") for key, note in value.items()
+    }
+    notes = [
+        f"{JSON_ENCODER.encode(key)}:{text}" for key, text in texts.items() if text is not None
+    ]
+    return "{" + ",".join(notes) + "}" if notes else None
 
 
 def results(value: object) -> tuple[list[str], list[str | None]]:
@@ -485,6 +508,8 @@ ARGUMENTS: dict[str, Callable[[Any], Any]] = {
     "retry_in": optional(lambda value: delay(value, "retry_in")),
     "delay": optional(lambda value: delay(value, "delay"), timedelta(0)),
     "reason": reason,
+    "progress": progress,
+    "progress_by_id": progress_by_id,
     "priority": priority,
     "schedule": lambda value: identifier(value, "schedule", SCHEDULE_NAME_MAX_LENGTH),
     "awaited": lambda value: instant(value, "awaited"),

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from django.db import connections
 
-from switchboard_todos.agents import accounts
+from switchboard_todos.agents import accounts, errors
 from switchboard_todos.models import State, Todo
 from tests.asgi import serve
 from tests.conftest import run_in_threads
@@ -121,3 +121,40 @@ def test_waiting_polls_do_not_hold_up_other_agents(
     assert claimed.json()["todos"][0]["id"] == todo.id
     assert elapsed < 2  # not queued behind the twenty waits of 4 s
     assert results == [0] * 20
+
+
+def test_progress_notes_and_a_cancel_reach_the_agent(server: str) -> None:
+    """An agent's heartbeat stores its progress note (shown on the todo and in its list; one
+    too large is refused); once an operator cancels the todo, the agent's heartbeat, complete
+    and fail answer 409 with the problem type todo-cancelled, and change nothing."""
+    token = accounts.create_agent("cancelled-agent", claim_queues=["jobs"])[1]
+    todo, _ = Todo.objects.create_todo(queue="jobs", kind="k")
+    connections.close_all()
+    beat_url = f"/todos/{todo.id}/heartbeat/"
+    with agent_client(server, token) as client:
+        assert client.post("/claim/", json={"ttl": 30}).status_code == 200
+        beat = client.post(beat_url, json={"ttl": 30, "progress": {"pages": 2}})
+        assert (beat.status_code, beat.json()["progress"]) == (200, {"pages": 2})
+        [listed] = client.get("/todos/", params={"state": "claimed"}).json()["todos"]
+        assert listed["progress"] == {"pages": 2}
+        too_large = client.post(beat_url, json={"ttl": 30, "progress": "x" * 20_000})
+        assert too_large.status_code == 422 and "limit is 16384" in too_large.json()["detail"]
+        Todo.objects.cancel(todo.id, "wrong customer")
+        connections.close_all()
+        answers = [
+            client.post(f"/todos/{todo.id}/{verb}/", json=body)
+            for verb, body in (
+                ("heartbeat", {"ttl": 30, "progress": {"pages": 3}}),
+                ("complete", {"result": "late"}),
+                ("fail", {"error": "late"}),
+            )
+        ]
+    for answer in answers:
+        assert answer.status_code == 409, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+        problem = answer.json()
+        assert problem["type"] == errors.TODO_CANCELLED.type
+        assert "cancelled by an operator while 'cancelled-agent' held it" in problem["detail"]
+    row = Todo.objects.get(pk=todo.pk)
+    assert (row.state, row.progress) == (State.FAILED, {"pages": 2})
+    assert row.result == {"type": "Cancelled", "message": "wrong customer"}

@@ -276,6 +276,32 @@ def test_a_lost_lease_is_refused(http_session: Opener) -> None:
     assert (row.state, row.owner, row.attempt) == (State.CLAIMED, "other", 2)
 
 
+def test_progress_and_a_cancel_reach_the_agent(open_session: Opener) -> None:
+    """The heartbeat tool stores the agent's progress note, seen in list_todos; once an
+    operator cancels the todo, heartbeat and complete are tool errors that tell the model to
+    stop now and not complete it."""
+    todo, _ = Todo.objects.create_todo(queue="mcp", kind="t.long")
+
+    async def scenario(session: ClientSession) -> list[Any]:
+        await call(session, "claim", ttl=30)
+        beat = await call(session, "heartbeat", todo_id=todo.id, ttl=30, progress="3 of 10 files")
+        listed = await call(session, "list_todos", state="claimed")
+        await asyncio.to_thread(on_own_connection, Todo.objects.cancel, todo.id, "wrong repo")
+        told = await session.call_tool("heartbeat", {"todo_id": todo.id, "ttl": 30})
+        late = await refused(session, "complete", todo_id=todo.id, result="late")
+        return [beat, listed, told, late]
+
+    beat, listed, told, late = run(open_session, scenario)
+    assert beat["progress"] == "3 of 10 files"
+    assert [each["progress"] for each in listed["todos"]] == ["3 of 10 files"]
+    assert told.is_error and told.structured_content["type"] == errors.TODO_CANCELLED.type
+    assert "stop work on it now and do not complete it" in told.content[0].text
+    assert "wrong repo" in told.content[0].text
+    assert late["status"] == 409 and late["type"] == errors.TODO_CANCELLED.type
+    row = Todo.objects.get(pk=todo.id)
+    assert (row.state, row.result) == (State.FAILED, {"type": "Cancelled", "message": "wrong repo"})
+
+
 def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
     async def scenario(session: ClientSession) -> Any:
         return (await session.list_tools()).tools
@@ -291,6 +317,8 @@ def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
         "create_for",
     }
     assert "do not complete" in (tools["heartbeat"].description or "")
+    assert "what you have done so far" in (tools["heartbeat"].description or "")
+    assert "progress" in tools["heartbeat"].input_schema["properties"]
     assert tools["claim"].output_schema is not None
     assert tools["list_todos"].annotations and tools["list_todos"].annotations.read_only_hint
 

@@ -182,6 +182,41 @@ def test_a_lapsed_message_comes_back_and_the_old_receipt_is_stale(
     assert third["MessageId"] == first["MessageId"]
 
 
+def test_a_cancelled_message_is_not_inflight(connect: Callable[..., Client], agent: Agent) -> None:
+    """Once an operator cancels a received message, changing its visibility (single, batch, or
+    to zero) and deleting it answer MessageNotInflight, and change nothing."""
+    sqs = connect(agent)
+    queue = url(sqs)
+    sqs.send_message(QueueUrl=queue, MessageBody="long job")
+    [message] = sqs.receive_message(QueueUrl=queue)["Messages"]
+    handle = message["ReceiptHandle"]
+    Todo.objects.cancel(message["MessageId"], "wrong customer")
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("change_message_visibility", {"VisibilityTimeout": 60}),
+        ("change_message_visibility", {"VisibilityTimeout": 0}),
+        ("delete_message", {}),
+    ]
+    for action, arguments in calls:
+        with pytest.raises(ClientError) as error:
+            getattr(sqs, action)(QueueUrl=queue, ReceiptHandle=handle, **arguments)
+        assert code(error) == "MessageNotInflight"
+        assert "cancelled by an operator" in error.value.response["Error"]["Message"]
+    entries = [{"Id": "m", "ReceiptHandle": handle, "VisibilityTimeout": 60}]
+    changed = sqs.change_message_visibility_batch(QueueUrl=queue, Entries=entries)
+    deleted = sqs.delete_message_batch(
+        QueueUrl=queue, Entries=[{"Id": "m", "ReceiptHandle": handle}]
+    )
+    for answer in (changed, deleted):
+        assert [(entry["Id"], entry["Code"]) for entry in answer["Failed"]] == [
+            ("m", "MessageNotInflight")
+        ]
+    row = Todo.objects.get(pk=message["MessageId"])
+    assert (row.state, row.result) == (
+        State.FAILED,
+        {"type": "Cancelled", "message": "wrong customer"},
+    )
+
+
 def test_deduplication_ids_and_dead_letters(connect: Callable[..., Client], agent: Agent) -> None:
     sqs = connect(agent)
     queue = url(sqs)

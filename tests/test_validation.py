@@ -81,7 +81,7 @@ FAULTS: dict[str, tuple[Callable[[], object], str]] = {
         "results must map todo ids to results, not list",
     ),
     "requeue surrogate id": (lambda: Todo.objects.requeue(LONE), "todo id contains"),
-    "surrogate reason": (lambda: Todo.objects.dead_letter("td_x", LONE), "reason contains"),
+    "surrogate reason": (lambda: Todo.objects.cancel("td_x", LONE), "reason contains"),
     "enqueue_many surrogate": (
         lambda: Todo.objects.enqueue_many([{"kind": LONE}]),
         "todo #0: kind contains an unpaired",
@@ -222,11 +222,17 @@ METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "max_held": st.none() | st.integers(0, 3),
     },
     "claim": {"todo_id": TODO_ID, "owner": st.just("w1"), "ttl": SECONDS},
-    "heartbeat": {"todo_id": TODO_ID, "owner": st.just("w1"), "ttl": SECONDS},
+    "heartbeat": {
+        "todo_id": TODO_ID,
+        "owner": st.just("w1"),
+        "ttl": SECONDS,
+        "progress": st.none() | JSON,
+    },
     "heartbeat_many": {
         "owner": st.just("w1"),
         "ttl": SECONDS,
         "todo_ids": st.lists(TODO_ID, min_size=1, max_size=3),
+        "progress": st.none() | st.dictionaries(TODO_ID, JSON),
     },
     "complete": {"todo_id": TODO_ID, "owner": st.just("w1"), "result": JSON},
     "complete_many": {"owner": st.just("w1"), "results": st.dictionaries(TODO_ID, JSON)},
@@ -242,8 +248,8 @@ METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "requeue_many": {"todo_ids": st.lists(TODO_ID, min_size=1, max_size=3)},
     "expire_lease": {"todo_id": TODO_ID},
     "expire_lease_many": {"todo_ids": st.lists(TODO_ID, min_size=1, max_size=3)},
-    "dead_letter": {"todo_id": TODO_ID, "reason": st.just("stop")},
-    "dead_letter_many": {
+    "cancel": {"todo_id": TODO_ID, "reason": st.just("stop")},
+    "cancel_many": {
         "todo_ids": st.lists(TODO_ID, min_size=1, max_size=3),
         "reason": st.just("stop"),
     },

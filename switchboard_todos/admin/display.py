@@ -1,4 +1,4 @@
-"""How the detail pages show what is stored: JSON, failure histories, links to events."""
+"""How the pages show what is stored: JSON, progress notes, failure histories, links."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.formats import localize
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 FAILURE_COLUMNS = (
@@ -33,6 +34,12 @@ def pretty_json(value: Any) -> SafeString:
         '<pre class="switchboard-json">{}</pre>',
         json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True),
     )
+
+
+def progress_head(head: str | None, length: int) -> str:
+    """The first `length` characters of a progress note as text (a string note unquoted),
+    `head` holding at most one more, so that a longer note ends in an ellipsis."""
+    return "—" if head is None else Truncator(head).chars(length)
 
 
 def event_link(event_id: str | None) -> SafeString | str:

@@ -39,6 +39,7 @@ class TodoJSON(TypedDict):
     completed_at: str | None
     result: Any
     last_error: Any
+    progress: Any
 
 
 def todo_json(todo: Todo) -> TodoJSON:
@@ -68,6 +69,8 @@ def todo_json(todo: Todo) -> TodoJSON:
         "result": todo.result,
         # The error of the last failed or lapsed attempt, from the todo's history.
         "last_error": errors[-1].get("error") if isinstance(errors, list) and errors else None,
+        # The holder's latest progress note (heartbeat's `progress`).
+        "progress": todo.progress,
     }
 
 

@@ -278,10 +278,13 @@ def _claim_one(
 # The holder's verbs
 
 
-def heartbeat(agent: Agent, todo_id: str, ttl: Seconds) -> Todo:
-    """Extend the lease on a todo the agent holds to `ttl` from now."""
+def heartbeat(agent: Agent, todo_id: str, ttl: Seconds, progress: Any = None) -> Todo:
+    """Extend the lease on a todo the agent holds to `ttl` from now; `progress` (any JSON
+    value) becomes its latest progress note. TodoCancelled: an operator cancelled it."""
     return _as_holder(
-        agent, todo_id, lambda todos, checked: todos.heartbeat(checked, agent.name, ttl)
+        agent,
+        todo_id,
+        lambda todos, checked: todos.heartbeat(checked, agent.name, ttl, progress=progress),
     )
 
 

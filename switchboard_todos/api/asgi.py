@@ -76,7 +76,7 @@ BY_ID: dict[str, tuple[type[Request], Verb]] = {
     ),
     "heartbeat": (
         HeartbeatIn,
-        lambda agent, todo_id, body: service.heartbeat(agent, todo_id, body.ttl),
+        lambda agent, todo_id, body: service.heartbeat(agent, todo_id, body.ttl, body.progress),
     ),
     "complete": (
         CompleteIn,

@@ -75,6 +75,11 @@ class ClaimOneIn(Request):
 
 class HeartbeatIn(Request):
     ttl: float = TTL
+    progress: Any = Field(
+        default=None,
+        description="Any JSON value: how far you got, kept as the todo's latest progress note "
+        "(omitted: the last note stays).",
+    )
 
 
 class CompleteIn(Request):

@@ -164,8 +164,9 @@ def claim_todo(request: HttpRequest, todo_id: str, body: ClaimOneIn) -> HttpResp
 
 @api.post("/todos/{todo_id}/heartbeat/", response=ONE)
 def heartbeat(request: HttpRequest, todo_id: str, body: HeartbeatIn) -> HttpResponse:
-    """Extend your lease to `ttl` seconds from now. 409: the lease is lost; stop working."""
-    return todo_response(service.heartbeat(agent_of(request), todo_id, body.ttl))
+    """Extend your lease to `ttl` seconds from now, with a `progress` note. 409: the lease is
+    lost, or (problem type todo-cancelled) an operator cancelled the todo; stop working."""
+    return todo_response(service.heartbeat(agent_of(request), todo_id, body.ttl, body.progress))
 
 
 @api.post("/todos/{todo_id}/complete/", response=ONE)

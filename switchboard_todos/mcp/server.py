@@ -195,12 +195,28 @@ class Tools:
 
         return await self._run(call)
 
-    async def heartbeat(self, todo_id: TodoId, ttl: Ttl) -> Annotated[CallToolResult, TodoJSON]:
-        """Keep a todo you hold: extend its lease to `ttl` seconds from now. Call it well
-        before the lease expires (e.g. every ttl/3) while you work on the todo. Errors: a
-        conflict or not-found means the lease is lost (it expired and the todo went back to the
-        queue, perhaps to another agent): stop working on it, do not complete it, claim again."""
-        return await self._run(lambda agent: _todo(service.aheartbeat(agent, todo_id, ttl)))
+    async def heartbeat(
+        self,
+        todo_id: TodoId,
+        ttl: Ttl,
+        progress: Annotated[
+            Any,
+            Field(
+                description="What you have done so far and what is left, in a few words or "
+                "any JSON value; it replaces your last note."
+            ),
+        ] = None,
+    ) -> Annotated[CallToolResult, TodoJSON]:
+        """Keep a todo you hold and report how far you got: extend its lease to `ttl` seconds
+        from now, with `progress`, a note of what you have done so far (people and other agents
+        read it on the todo). Call it well before the lease expires (e.g. every ttl/3) while
+        you work on the todo. Errors: "Cancelled" means an operator cancelled the todo: stop
+        work on it now, do not complete or fail it. A conflict or not-found means the lease is
+        lost (it expired and the todo went back to the queue, perhaps to another agent): stop
+        working on it, do not complete it, claim again."""
+        return await self._run(
+            lambda agent: _todo(service.aheartbeat(agent, todo_id, ttl, progress))
+        )
 
     async def complete(
         self,

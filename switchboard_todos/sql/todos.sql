@@ -199,8 +199,14 @@ jsonb_build_object('type', 'LeaseExpired',
     'message', 'The lease lapsed before complete, fail or release.')
 
 -- fragment: cancelled
--- The error of a todo an operator cancelled (dead_letter), with %(reason)s as its message.
+-- The error of a todo an operator cancelled (cancel), with %(reason)s as its message.
 jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text)
+
+-- fragment: cancelled_hold(todo)
+-- `todo` was cancelled by an operator while its owner held it: a dead letter whose result is
+-- the cancel's error and which, alone of the dead letters, keeps its owner (fail, the reaper
+-- and requeue clear it), so that the holder can be told "cancelled" rather than "not yours".
+($todo.state = 'failed' AND $todo.owner IS NOT NULL AND $todo.result ->> 'type' = 'Cancelled')
 
 -- fragment: lease_end(todo)
 -- When the lease a claim or heartbeat gives `todo` ends: %(ttl)s from now, or, when the caller
@@ -490,9 +496,12 @@ claimed AS (
 SELECT * FROM claimed;
 
 -- name: heartbeat
--- Extend the lease of a todo the owner still holds (lease_end). Guard: claimed, same owner.
+-- Extend the lease of a todo the owner still holds (lease_end), and keep %(progress)s as its
+-- latest progress note (none given: the last one stays). Guard: claimed, same owner.
 UPDATE todos
-   SET lease_expires_at = {{lease_end(todos)}}, updated_at = now()
+   SET lease_expires_at = {{lease_end(todos)}},
+       progress = coalesce(%(progress)s::jsonb, progress),
+       updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
 RETURNING *;
 
@@ -500,10 +509,15 @@ RETURNING *;
 -- Extend the leases of many todos the owner holds, in one statement that never waits on a row
 -- lock: a todo another session has locked (an operator's statement, a long transaction) is
 -- skipped, and the caller tries it again at its next beat, well before the lease lapses.
--- Returns each id the owner held when the statement began, and whether its lease was extended.
+-- %(progress)s (a JSON object, or null) maps some of the ids to their latest progress notes.
+-- Returns each id the owner held when the statement began, and whether its lease was extended;
+-- and each one an operator cancelled while the owner held it (cancelled_hold), so that its
+-- holder stops.
 WITH extended AS (
 UPDATE todos
-   SET lease_expires_at = {{lease_end(todos)}}, updated_at = now()
+   SET lease_expires_at = {{lease_end(todos)}},
+       progress = coalesce(%(progress)s::jsonb -> todos.id, todos.progress),
+       updated_at = now()
  WHERE id = ANY (ARRAY(
            SELECT id FROM todos
             WHERE id = ANY (%(todo_ids)s::text[]) AND state = 'claimed' AND owner = %(owner)s
@@ -511,9 +525,11 @@ UPDATE todos
    AND state = 'claimed' AND owner = %(owner)s
 RETURNING id
 )
-SELECT todos.id, todos.id IN (SELECT id FROM extended) AS extended
+SELECT todos.id, todos.id IN (SELECT id FROM extended) AS extended,
+       todos.state <> 'claimed' AS cancelled
   FROM todos
- WHERE todos.id = ANY (%(todo_ids)s::text[]) AND todos.state = 'claimed' AND todos.owner = %(owner)s;
+ WHERE todos.id = ANY (%(todo_ids)s::text[]) AND todos.owner = %(owner)s
+   AND (todos.state = 'claimed' OR {{cancelled_hold(todos)}});
 
 -- name: complete
 -- Mark a todo done with its result. Guard: claimed, same owner.
@@ -645,17 +661,20 @@ RETURNING *
 {{notified(expired WHERE %(notify)s)}}
 SELECT * FROM expired WHERE (SELECT count(*) FROM notified) >= 0;
 
--- name: dead_letter
--- Operator cancel: the pending todos in %(ids)s become dead letters, %(reason)s recorded as the
--- result and in the failure history. Guard: pending.
+-- name: cancel
+-- Operator cancel: the pending or claimed todos in %(ids)s become dead letters, %(reason)s
+-- recorded as the result and in the failure history (with the attempt it ended, for a claimed
+-- one). A claimed todo's lease ends, and it keeps its owner (cancelled_hold): the holder's next
+-- heartbeat, complete, fail or release is told it was cancelled. Guard: pending or claimed.
 UPDATE todos
    SET state = 'failed',
        next_retry_at = NULL,
+       lease_expires_at = NULL,
        result = {{cancelled}},
-       errors = {{errors_with(NULL, {{cancelled}})}},
+       errors = {{errors_with(owner, {{cancelled}})}},
        completed_at = now(),
        updated_at = now()
- WHERE id = ANY (%(ids)s::text[]) AND state = 'pending'
+ WHERE id = ANY (%(ids)s::text[]) AND state IN ('pending', 'claimed')
 RETURNING *;
 
 -- name: set_priority
@@ -671,6 +690,7 @@ RETURNING *;
 SELECT id, state, owner, assignee, queue, idempotency_key, concurrency_key, attempt, max_attempts,
        next_retry_at, next_retry_at > now() AS waiting,
        lease_expires_at, lease_expires_at <= now() AS lease_lapsed,
+       {{cancelled_hold(todos)}} AS cancelled_hold, result ->> 'message' AS cancel_reason,
        (SELECT live.id FROM todos AS live
          WHERE live.queue = todos.queue AND live.idempotency_key = todos.idempotency_key
            AND live.id <> todos.id AND {{live(live.state)}}) AS live_twin,

@@ -25,7 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from switchboard_todos import faults, placement, stats, validation
 from switchboard_todos.agents import errors, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
-from switchboard_todos.models import Agent, State, Todo
+from switchboard_todos.models import Agent, Todo
 from switchboard_todos.sqs import messages, signing
 
 logger = logging.getLogger("switchboard_todos.sqs")
@@ -343,10 +343,11 @@ def _millis(moment: Any) -> int:
 
 
 def _held(agent: Agent, handle: object, alias: str) -> str:
-    """The id of the todo `handle` names, locked, if `agent` still holds it under that receipt
-    (in database `alias`, where the queue lives).
+    """The id of the todo `handle` names, locked, if `agent` held it under that receipt (in
+    database `alias`, where the queue lives).
 
-    The lease's holder is checked by the guarded transition that follows; the attempt is
+    The lease's holder and state are checked by the guarded transition that follows, which
+    says why it missed (a message an operator cancelled: MessageNotInflight); the attempt is
     checked here, under the row lock, so that a handle from an earlier receipt of the same
     message cannot act on the current one.
     """
@@ -356,7 +357,7 @@ def _held(agent: Agent, handle: object, alias: str) -> str:
     held = (
         Todo.objects.using(alias)
         .select_for_update()
-        .filter(pk=receipt.todo_id, owner=agent.name, state=State.CLAIMED, attempt=receipt.attempt)
+        .filter(pk=receipt.todo_id, owner=agent.name, attempt=receipt.attempt)
         .exists()
     )
     if not held:
