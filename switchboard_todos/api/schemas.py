@@ -107,7 +107,10 @@ class CreateIn(Request):
         description="ISO 8601 date and time with an offset; not claimable before.",
         json_schema_extra={"format": "date-time"},
     )
-    max_attempts: int = 5
+    max_attempts: int | None = Field(
+        default=None,
+        description="Attempts before it is a dead letter; default 5 (or the agent's limit).",
+    )
     priority: int = Field(default=0, description="-100 to 100; higher is claimed sooner.")
     concurrency_key: str | None = Field(
         default=None,

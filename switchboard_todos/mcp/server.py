@@ -253,8 +253,12 @@ class Tools:
             Field(description="Not claimable before this time: ISO 8601 with a time zone."),
         ] = None,
         max_attempts: Annotated[
-            int, Field(description="Attempts before it becomes a dead letter.")
-        ] = 5,
+            int | None,
+            Field(
+                description="Attempts before it becomes a dead letter; default 5, and at most "
+                "your limit."
+            ),
+        ] = None,
         priority: Annotated[
             int, Field(description="-100 to 100; higher is claimed sooner; default 0.")
         ] = 0,
