@@ -60,6 +60,7 @@ def test_at_the_held_quota_a_claim_is_throttled_and_claims_nothing(
         with pytest.raises(Throttled, match="holds 2 todos") as refused:
             service.claim(agent, ttl=30, **arguments)
         assert refused.value.retry_after == 7  # until its earliest lease ends
+        assert str(refused.value).endswith("Try again in 7 s.")  # for MCP and SQS, no header
     assert Todo.objects.get(pk=waiting.pk).state == State.PENDING
     Todo.objects.complete(held[1].id, "a1")
     assert [todo.id for todo in service.claim(agent, ttl=30)] == [waiting.id]

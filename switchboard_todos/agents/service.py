@@ -370,11 +370,17 @@ def _refuse_at_held_quota(agent: Agent, aliases: list[str], quota: int) -> None:
             return
         if ends_in is not None:
             ends.append(ends_in)
-    raise Throttled(
+    raise _throttled(
         f"Agent {agent.name!r} holds {held} todos, its quota (max_held {quota}): complete, "
         "fail or release one before claiming more.",
-        retry_after=min(HELD_RETRY_MAX, max(1.0, min(ends, default=1.0))),
+        min(HELD_RETRY_MAX, max(1.0, min(ends, default=1.0))),
     )
+
+
+def _throttled(message: str, seconds: float) -> Throttled:
+    """Throttled, its message saying how long to wait: MCP and SQS answers have no Retry-After."""
+    wait = Throttled(message, retry_after=seconds).retry_after  # whole seconds, at least 1
+    return Throttled(f"{message} Try again in {wait} s.", retry_after=wait)
 
 
 # The holder's verbs
@@ -539,10 +545,10 @@ def _count_create(agent: Agent) -> None:
         raise NotAuthenticated("Unknown token.")  # the agent was deleted since the request began
     counted, window_left = row
     if not counted:
-        raise Throttled(
+        raise _throttled(
             f"Agent {agent.name!r} created {quota} todos within a minute, its quota "
             "(max_creates_per_minute); nothing was created.",
-            retry_after=window_left,
+            window_left,
         )
 
 
