@@ -9,12 +9,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos.agents import accounts, service
 from switchboard_todos.agents.serialize import todo_json
 from switchboard_todos.exceptions import InvalidTodo, Throttled, TodoConflict
 from switchboard_todos.models import Agent, State, Todo
+from tests.conftest import run_in_threads
 from tests.helpers import MakeTodo
 
 pytestmark = pytest.mark.django_db
@@ -202,3 +205,40 @@ def test_a_claim_by_id_conflict_names_a_holder_the_agent_may_see(
     waiting = make_todo(queue="work", concurrency_key="c")
     with pytest.raises(TodoConflict, match=holder.id):
         service.claim(agent, todo_id=waiting.id, ttl=30)
+
+
+def test_what_the_quotas_cost(
+    agent: Agent, make_todo: MakeTodo, django_assert_num_queries: Any
+) -> None:
+    """A claim that takes work is still one statement (the claim counts what the agent holds);
+    an empty one adds the count of what it holds; a create adds the count of its minute."""
+    make_todo(queue="work")
+    with django_assert_num_queries(1):
+        assert service.claim(agent, ttl=30)
+    with django_assert_num_queries(2):
+        assert service.claim(agent, ttl=30) == []
+    with CaptureQueriesContext(connection) as create:
+        service.create_for(agent, queue="work", kind="k")
+    savepoint, counted, created, released = (query["sql"] for query in create.captured_queries)
+    assert savepoint.startswith("SAVEPOINT") and released.startswith("RELEASE")
+    assert "UPDATE todo_agents" in counted and "INSERT INTO todos" in created
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_creations_never_pass_the_quota() -> None:
+    """Eight connections creating at once for one agent: exactly its quota is created."""
+    agent = accounts.create_agent("racer", create_queues=["race"])[0]
+    limited(agent, max_creates_per_minute=10)
+
+    def create(number: int) -> int:
+        throttled = 0
+        for n in range(5):
+            try:
+                service.create_for(agent, queue="race", kind="k", payload={"n": number * 5 + n})
+            except Throttled:
+                throttled += 1
+        return throttled
+
+    assert sum(run_in_threads(8, create)) == 30
+    assert Todo.objects.filter(queue="race").count() == 10
+    assert Agent.objects.get(pk=agent.pk).creates_in_window == 10

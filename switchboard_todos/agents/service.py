@@ -349,9 +349,14 @@ def _without_hidden_key_holder(
 # Quotas
 
 
+def _quota(own: int | None, setting: int) -> int:
+    """One of an agent's quotas: its own value (its Agent field), else the project's setting."""
+    return setting if own is None else own
+
+
 def _max_held(agent: Agent) -> int:
     """The most todos the agent may hold at once (in each database its queues live in)."""
-    return conf.AGENT_MAX_HELD if agent.max_held is None else agent.max_held
+    return _quota(agent.max_held, conf.AGENT_MAX_HELD)
 
 
 def _refuse_at_held_quota(agent: Agent, aliases: list[str], quota: int) -> None:
@@ -516,10 +521,7 @@ def _scoped_key(agent: Agent, key: object, name: str) -> str | None:
 def _max_attempts(agent: Agent, given: int | None) -> int:
     """The `max_attempts` of a todo the agent creates: at most its limit (InvalidTodo above, as
     waiting would never make it acceptable); without one, the default, lowered to the limit."""
-    limit = (
-        conf.AGENT_MAX_ATTEMPTS if agent.max_attempts_limit is None else agent.max_attempts_limit
-    )
-    limit = max(1, limit)
+    limit = max(1, _quota(agent.max_attempts_limit, conf.AGENT_MAX_ATTEMPTS))
     if given is None:
         return min(DEFAULT_MAX_ATTEMPTS, limit)
     if isinstance(given, int) and not isinstance(given, bool) and given > limit:
@@ -533,11 +535,7 @@ def _max_attempts(agent: Agent, given: int | None) -> int:
 def _count_create(agent: Agent) -> None:
     """Count one creation against the agent's quota per minute (count_creates, agents.sql);
     Throttled, and nothing counted, past it."""
-    quota = (
-        conf.AGENT_MAX_CREATES_PER_MINUTE
-        if agent.max_creates_per_minute is None
-        else agent.max_creates_per_minute
-    )
+    quota = _quota(agent.max_creates_per_minute, conf.AGENT_MAX_CREATES_PER_MINUTE)
     with cursors.cursor(connections[router.db_for_write(Agent)]) as cursor:
         cursor.execute(agent_queries["count_creates"], {"agent_id": agent.pk, "quota": quota})
         row = cursor.fetchone()
