@@ -234,6 +234,7 @@ def test_four_consumer_threads_drain_two_thousand_messages_once(
     connect: Callable[..., Client], agent: Agent
 ) -> None:
     """The consumer loop of SQS's documentation: receive up to 10, process, delete in batch."""
+    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=2000)  # the default is 600
     sqs = connect(agent)
     queue = url(sqs)
     for start in range(0, 2000, 10):

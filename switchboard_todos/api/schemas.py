@@ -99,7 +99,8 @@ class CreateIn(Request):
     payload: dict[str, Any] | None = None
     idempotency_key: str | None = Field(
         default=None,
-        description="A live todo of the queue with this key is returned instead (200).",
+        description="A live todo of the queue you created with this key is returned instead "
+        "(200; 409 when it is in a queue you do not claim from). Your keys are your own.",
     )
     assignee: str | None = Field(default=None, description="Only this agent may claim it.")
     run_after: str | None = Field(

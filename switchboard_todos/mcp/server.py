@@ -272,8 +272,11 @@ class Tools:
     ) -> Annotated[CallToolResult, Created]:
         """Create a todo for another agent or worker (or for later): hand off work you found.
         With an `idempotency_key`, calling again after a timeout or crash is safe: the live
-        todo with that key comes back with created=false. Errors: a queue you have no grant
-        to create in is refused; invalid values say which one to fix."""
+        todo with that key comes back with created=false (in a queue you do not claim from, a
+        conflict saying the key is taken: your earlier call went through). Your keys are your
+        own: they never match another agent's or a producer's. Errors: a queue you have no grant
+        to create in is refused; invalid values say which one to fix; too many creations a
+        minute: wait as the error says."""
 
         async def call(agent: Agent) -> dict[str, Any]:
             todo, created = await service.acreate_for(
