@@ -230,14 +230,18 @@ def task_result(todo: Todo, task: AnyTask) -> AnyResult:
     """Describe `todo` as django.tasks does: status, attempts, errors, return value.
 
     `worker_ids` has one owner per attempt of the current attempt budget, so that
-    TaskContext.attempt equals `todo.attempt`; `errors` is the whole failure history, one
-    TaskError per failed or lapsed attempt, including those before an operator's requeue.
+    TaskContext.attempt equals `todo.attempt`: an attempt whose entry the history no longer
+    keeps (SWITCHBOARD_TODOS_MAX_ERRORS_KEPT) has an empty one. `errors` is the failure
+    history, one TaskError per failed or lapsed attempt it keeps, including those before an
+    operator's requeue. `started_at` is the first kept attempt's claim.
     """
     held = todo.state in (State.CLAIMED, State.DONE)
     history: list[dict[str, Any]] = todo.errors or []
-    earlier = max(0, min(len(history), todo.attempt - (1 if held else 0)))
+    wanted = max(0, todo.attempt - (1 if held else 0))
+    earlier = min(len(history), wanted)
     attempts = history[len(history) - earlier :]
-    worker_ids = [str(entry.get("owner") or "") for entry in attempts]
+    dropped = min(wanted - earlier, todo.errors_dropped)
+    worker_ids = [""] * dropped + [str(entry.get("owner") or "") for entry in attempts]
     if held:
         worker_ids.append(todo.owner or "")
     if attempts:

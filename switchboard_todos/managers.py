@@ -675,7 +675,9 @@ class TodoManager(_TodoManagerBase["Todo"]):
         `error` is a message, a dict, or an exception; `retry_in` overrides the backoff.
         """
         params = {
-            **validation.arguments(todo_id=todo_id, owner=owner, error=error, retry_in=retry_in),
+            **_history(
+                validation.arguments(todo_id=todo_id, owner=owner, error=error, retry_in=retry_in)
+            ),
             "delays": retry_schedule(
                 base=conf.BACKOFF_BASE, cap=conf.BACKOFF_MAX, jitter=conf.BACKOFF_JITTER
             ),
@@ -700,7 +702,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         one commit) each, so that no sweep holds many rows locked at once.
         """
         requeued = dead_lettered = 0
-        params = {"notify": conf.LISTEN, "limit": conf.REAP_BATCH}
+        params = _history({"notify": conf.LISTEN, "limit": conf.REAP_BATCH})
         while True:
             with self._cursor() as cursor:
                 cursor.execute(queries["reap_expired"], params)
@@ -752,14 +754,14 @@ class TodoManager(_TodoManagerBase["Todo"]):
         and error. Its holder, if any, is told at its next heartbeat (TodoCancelled), and its
         complete and fail are refused."""
         checked = validation.arguments(todo_id=todo_id, reason=reason)
-        params = {"ids": [checked["todo_id"]], "reason": checked["reason"]}
+        params = _history({"ids": [checked["todo_id"]], "reason": checked["reason"]})
         return self._transition("cancel", params) or self._classify_miss("cancel", todo_id, None)
 
     def cancel_many(self, todo_ids: Iterable[str], reason: str) -> BatchResult:
         """Cancel many pending or claimed todos in one statement."""
         checked = validation.arguments(todo_ids=todo_ids, reason=reason)
         ids = checked["todo_ids"]
-        changed = self._rows("cancel", {"ids": ids, "reason": checked["reason"]})
+        changed = self._rows("cancel", _history({"ids": ids, "reason": checked["reason"]}))
         return self._batch_result("cancel", ids, changed)
 
     def set_priority(self, todo_id: str, priority: int) -> Todo:
@@ -1011,8 +1013,15 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
 
 
 def _leased(params: dict[str, Any]) -> dict[str, Any]:
-    """A claim's or heartbeat's parameters with the lease of a call that gives no ttl."""
-    return {**params, "default_ttl": timedelta(seconds=conf.DEFAULT_TTL)}
+    """A claim's or heartbeat's parameters with the lease of a call that gives no ttl, and the
+    length of the failure history a claim taking over a lapsed lease keeps."""
+    return {**_history(params), "default_ttl": timedelta(seconds=conf.DEFAULT_TTL)}
+
+
+def _history(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of a statement that appends to the failure history (errors_with), with
+    how many entries it keeps."""
+    return {**params, "max_errors_kept": conf.MAX_ERRORS_KEPT}
 
 
 def _constraint_name(error: IntegrityError) -> str | None:

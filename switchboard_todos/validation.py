@@ -42,6 +42,8 @@ TODO_ID_MAX_LENGTH = 100
 #: Most todos one operator batch (requeue_many, expire_lease_many, cancel_many) takes.
 OPERATOR_BATCH_LIMIT = 10_000
 REASON_MAX_LENGTH = 1000
+#: Kept of an error's type when the error is trimmed to SWITCHBOARD_TODOS_MAX_ERROR_BYTES.
+ERROR_TYPE_MAX_LENGTH = 200
 #: SQS's longest visibility timeout; heartbeat to hold a todo longer.
 MAX_LEASE = timedelta(hours=12)
 #: Longest release delay or explicit retry wait; catches milliseconds passed as seconds.
@@ -326,7 +328,8 @@ def payload(value: Any) -> str:
 
 
 def error(value: object) -> str:
-    """What a failed attempt reports, stored as a JSON object with at least a message."""
+    """What a failed attempt reports, stored as a JSON object with at least a message; one of
+    more than SWITCHBOARD_TODOS_MAX_ERROR_BYTES is trimmed to that, with a note."""
     if value is None:
         detail: dict[str, Any] = {"type": "", "message": ""}
     elif isinstance(value, BaseException):
@@ -347,7 +350,43 @@ def error(value: object) -> str:
         raise InvalidTodo(
             f"error must be a str, a dict or an exception, not {type(value).__name__}."
         )
-    return json_text(detail, "error")
+    serialized = json_text(detail, "error")
+    size = len(serialized) if serialized.isascii() else len(serialized.encode())
+    if size <= conf.MAX_ERROR_BYTES:
+        return serialized
+    return _trimmed_error(detail, serialized, size, conf.MAX_ERROR_BYTES)
+
+
+def _trimmed_error(detail: dict[str, Any], serialized: str, size: int, limit: int) -> str:
+    """An error of more than `limit` bytes of JSON as one of at most `limit`: its type, a note,
+    and as much of its message (or, without a str message, of its JSON) as fits.
+
+    Stored, not refused: a failure must be recorded, and a long one is usually a long
+    traceback or log whose head says what went wrong.
+    """
+    kind = detail.get("type")
+    message = detail.get("message")
+    text = message if isinstance(message, str) else serialized
+    trimmed = {
+        "type": kind[:ERROR_TYPE_MAX_LENGTH] if isinstance(kind, str) else "",
+        "message": "",
+        "note": (
+            f"The error was {size} bytes of JSON; the limit is {limit} "
+            "(SWITCHBOARD_TODOS_MAX_ERROR_BYTES), so only the head of its "
+            f"{'message' if text is message else 'JSON'} is kept."
+        ),
+    }
+    budget = max(0, limit - len(JSON_ENCODER.encode(trimmed).encode()))
+    keep = min(len(text), budget)
+    while True:
+        head = text[:keep]
+        # Escapes and multi-byte characters take more bytes than characters: the quotes of an
+        # encoded string are counted in the budget already.
+        used = len(JSON_ENCODER.encode(head).encode()) - 2
+        if used <= budget:
+            trimmed["message"] = head
+            return JSON_ENCODER.encode(trimmed)
+        keep = keep * budget // used
 
 
 def result(value: Any) -> str | None:

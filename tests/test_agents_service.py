@@ -365,13 +365,13 @@ def test_get_todo_answers_another_queue_as_an_unknown_id(
 
 def test_create_for_records_the_agent_and_deduplicates(agent: Agent) -> None:
     todo, created = service.create_for(
-        agent, queue="inbox", kind="mail.send", payload={"to": "x"}, idempotency_key="k1"
+        agent, queue="work", kind="mail.send", payload={"to": "x"}, idempotency_key="k1"
     )
-    assert created and todo.source == "agent:a1" and todo.queue == "inbox"
-    again, created = service.create_for(
-        agent, queue="inbox", kind="mail.send", idempotency_key="k1"
-    )
+    assert created and todo.source == "agent:a1" and todo.queue == "work"
+    again, created = service.create_for(agent, queue="work", kind="mail.send", idempotency_key="k1")
     assert not created and again.id == todo.id
+    assert todo_json(again)["idempotency_key"] == "k1"
+    assert Todo.objects.get(pk=todo.pk).idempotency_key == "agent:a1/k1"
     later, _ = service.create_for(agent, queue="work", title="t", run_after="2100-01-01T00:00:00Z")
     assert later.next_retry_at is not None and later.next_retry_at.year == 2100
 

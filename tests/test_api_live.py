@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,7 +13,7 @@ import pytest
 from django.db import connections
 
 from switchboard_todos.agents import accounts, errors
-from switchboard_todos.models import State, Todo
+from switchboard_todos.models import Agent, State, Todo
 from tests.asgi import serve
 from tests.conftest import run_in_threads
 
@@ -158,3 +159,143 @@ def test_progress_notes_and_a_cancel_reach_the_agent(server: str) -> None:
     row = Todo.objects.get(pk=todo.pk)
     assert (row.state, row.progress) == (State.FAILED, {"pages": 2})
     assert row.result == {"type": "Cancelled", "message": "wrong customer"}
+
+
+# What one agent may take, and what it may see (issue 24 §2, §3): tried as a hostile agent would
+
+
+def test_a_hundred_failures_of_a_mebibyte_keep_a_bounded_history(server: str) -> None:
+    """Each fail sends 1 MiB of error; the todo keeps 20 entries of at most 64 KiB, and counts
+    the 80 it dropped. Before, its history grew by the whole error at every fail."""
+    token = accounts.create_agent("churner", claim_queues=["churn"])[1]
+    todo, _ = Todo.objects.create_todo(queue="churn", kind="k", max_attempts=1000)
+    connections.close_all()
+    error = "e" * (1024 * 1024 - 100)  # within MAX_JSON_BYTES with the error's JSON around it
+    with agent_client(server, token) as client:
+        for _ in range(100):
+            [claimed] = client.post("/claim/", json={"ttl": 30}).json()["todos"]
+            assert claimed["id"] == todo.id
+            failed = client.post(f"/todos/{todo.id}/fail/", json={"error": error, "retry_in": 0})
+            assert failed.status_code == 200, failed.text
+    stored = Todo.objects.get(pk=todo.pk)
+    assert (stored.attempt, len(stored.errors), stored.errors_dropped) == (100, 20, 80)
+    assert [entry["attempt"] for entry in stored.errors] == list(range(81, 101))
+    for entry in stored.errors:
+        size = len(json.dumps(entry["error"], separators=(",", ":")).encode())
+        assert 60 * 1024 < size <= 64 * 1024
+        assert entry["error"]["note"].startswith("The error was 1048500 bytes of JSON")
+    assert failed.json()["last_error"] == stored.errors[-1]["error"]
+
+
+def test_an_agent_at_its_held_quota_is_throttled_and_claims_nothing(server: str) -> None:
+    agent, token = accounts.create_agent("hoarder", claim_queues=["hoard"])
+    Agent.objects.filter(pk=agent.pk).update(max_held=2)
+    todos = [Todo.objects.create_todo(queue="hoard", kind="k")[0] for _ in range(3)]
+    connections.close_all()
+    with agent_client(server, token) as client:
+        assert len(client.post("/claim/", json={"ttl": 30, "limit": 10}).json()["todos"]) == 2
+        started = time.monotonic()
+        refusals = [
+            client.post("/claim/", json={"ttl": 30}),
+            client.post("/claim/", json={"ttl": 30, "wait": 20}),
+            client.post(f"/todos/{todos[2].id}/claim/", json={"ttl": 30}),
+        ]
+        elapsed = time.monotonic() - started
+    for refused in refusals:
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert 25 <= int(refused.headers["Retry-After"]) <= 30  # when its first lease ends
+        assert refused.json()["type"].endswith("#throttled")
+        assert "holds 2 todos" in refused.json()["detail"]
+    assert elapsed < 5  # the long poll is answered at once, not after its wait
+    assert Todo.objects.get(pk=todos[2].pk).state == State.PENDING
+    assert Todo.objects.filter(owner="hoarder").count() == 2
+
+
+def test_creations_past_the_minute_quota_are_throttled_and_write_nothing(server: str) -> None:
+    agent, token = accounts.create_agent("flooder", create_queues=["flood"])
+    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=5)
+    connections.close_all()
+    with agent_client(server, token) as client:
+        answers = [
+            client.post("/todos/", json={"queue": "flood", "kind": "k", "payload": {"n": n}})
+            for n in range(8)
+        ]
+    assert [answer.status_code for answer in answers] == [201] * 5 + [429] * 3
+    assert 1 <= int(answers[5].headers["Retry-After"]) <= 60
+    assert "created 5 todos within a minute" in answers[5].json()["detail"]
+    assert Todo.objects.filter(queue="flood").count() == 5
+
+
+def test_max_attempts_above_the_agents_limit_is_refused(server: str) -> None:
+    token = accounts.create_agent("retrier", create_queues=["retry"])[1]
+    connections.close_all()
+    with agent_client(server, token) as client:
+        refused = client.post("/todos/", json={"queue": "retry", "kind": "k", "max_attempts": 1000})
+        default = client.post("/todos/", json={"queue": "retry", "kind": "k"})
+    assert refused.status_code == 422 and "at most 25" in refused.json()["detail"]
+    assert default.status_code == 201 and default.json()["max_attempts"] == 5
+    assert Todo.objects.filter(queue="retry").count() == 1
+
+
+def test_an_agent_can_neither_squat_nor_read_a_producers_idempotency_key(server: str) -> None:
+    token = accounts.create_agent("squatter", create_queues=["github", "handoff"])[1]
+    secret, _ = Todo.objects.create_todo(
+        queue="handoff", kind="internal", payload={"secret": 1}, idempotency_key="k-1"
+    )
+    connections.close_all()
+    with agent_client(server, token) as client:
+        squat = client.post(
+            "/todos/", json={"queue": "github", "kind": "fake", "idempotency_key": "delivery-1"}
+        )
+        probe = client.post(
+            "/todos/", json={"queue": "handoff", "kind": "probe", "idempotency_key": "k-1"}
+        )
+        again = client.post(
+            "/todos/", json={"queue": "handoff", "kind": "probe", "idempotency_key": "k-1"}
+        )
+    assert squat.status_code == 201 and squat.json()["idempotency_key"] == "delivery-1"
+    # The producer's delivery later is its own todo, not the agent's.
+    real, created = Todo.objects.create_todo(
+        queue="github", kind="github.push", idempotency_key="delivery-1"
+    )
+    assert created and real.id != squat.json()["id"]
+    # The producer's todo with the same key stays unseen: the agent's is a todo of its own.
+    assert probe.status_code == 201 and probe.json()["id"] != secret.id
+    assert "secret" not in probe.text
+    # Its own todo in a queue it cannot see: the key is taken, and no todo is shown.
+    assert again.status_code == 409 and again.json()["type"].endswith("#todo-conflict")
+    assert probe.json()["id"] not in again.text and "'k-1' is taken" in again.json()["detail"]
+
+
+def test_an_agent_cannot_block_a_concurrency_key_it_cannot_see(server: str) -> None:
+    token = accounts.create_agent("blocker", create_queues=["handoff"])[1]
+    connections.close_all()
+    with agent_client(server, token) as client:
+        blocking = client.post(
+            "/todos/",
+            json={
+                "queue": "handoff",
+                "kind": "block",
+                "concurrency_key": "repo-1",
+                "assignee": "nobody",
+                "priority": 100,
+            },
+        )
+    assert blocking.status_code == 201 and blocking.json()["concurrency_key"] == "repo-1"
+    work, _ = Todo.objects.create_todo(queue="internal", kind="k", concurrency_key="repo-1")
+    assert Todo.objects.claim_next("internal", "worker", 60) == work
+
+
+def test_a_claim_by_id_conflict_names_no_todo_of_another_queue(server: str) -> None:
+    token = accounts.create_agent("prober", claim_queues=["work"])[1]
+    Todo.objects.create_todo(queue="internal", kind="k", concurrency_key="c")
+    holder = Todo.objects.claim_next("internal", "worker", 60)
+    assert holder is not None
+    waiting, _ = Todo.objects.create_todo(queue="work", kind="k", concurrency_key="c")
+    connections.close_all()
+    with agent_client(server, token) as client:
+        refused = client.post(f"/todos/{waiting.id}/claim/", json={"ttl": 30})
+    assert refused.status_code == 409
+    assert "waits for its concurrency key" in refused.json()["detail"]
+    assert holder.id not in refused.text

@@ -215,18 +215,29 @@ def test_release_gives_the_todo_back_without_an_attempt(open_session: Opener) ->
 
 
 def test_create_for_with_a_duplicate_idempotency_key(open_session: Opener) -> None:
-    arguments = {"queue": "handoff", "kind": "review", "title": "Review", "payload": {"n": 1}}
+    arguments = {"kind": "review", "title": "Review", "payload": {"n": 1}}
 
     async def scenario(session: ClientSession) -> list[dict[str, Any]]:
-        first = await call(session, "create_for", idempotency_key="handoff-1", **arguments)
-        again = await call(session, "create_for", idempotency_key="handoff-1", **arguments)
-        return [first, again]
+        first = await call(session, "create_for", queue="mcp", idempotency_key="k-1", **arguments)
+        again = await call(session, "create_for", queue="mcp", idempotency_key="k-1", **arguments)
+        handed = await call(
+            session, "create_for", queue="handoff", idempotency_key="k-1", **arguments
+        )
+        taken = await refused(
+            session, "create_for", queue="handoff", idempotency_key="k-1", **arguments
+        )
+        return [first, again, handed, taken]
 
-    first, again = run(open_session, scenario)
+    first, again, handed, taken = run(open_session, scenario)
     assert first["created"] is True and again["created"] is False
     assert again["todo"]["id"] == first["todo"]["id"]
-    row = Todo.objects.get(queue="handoff")
+    assert again["todo"]["idempotency_key"] == "k-1"
+    row = Todo.objects.get(queue="mcp")
     assert (row.kind, row.payload, row.source) == ("review", {"n": 1}, f"agent:{AGENT}")
+    # A todo of a queue it cannot see is not shown: the key is taken, and that is all.
+    assert handed["created"] is True
+    assert taken["status"] == 409 and "'k-1' is taken in queue 'handoff'" in taken["detail"]
+    assert handed["todo"]["id"] not in taken["detail"]
 
 
 def test_errors_are_tool_errors_and_the_session_goes_on(open_session: Opener) -> None:
@@ -294,7 +305,8 @@ def test_progress_and_a_cancel_reach_the_agent(open_session: Opener) -> None:
     beat, listed, told, late = run(open_session, scenario)
     assert beat["progress"] == "3 of 10 files"
     assert [each["progress"] for each in listed["todos"]] == ["3 of 10 files"]
-    assert told.is_error and told.structured_content["type"] == errors.TODO_CANCELLED.type
+    assert told.is_error and told.structured_content is None
+    assert (told.meta or {})[PROBLEM_META]["type"] == errors.TODO_CANCELLED.type
     assert "stop work on it now and do not complete it" in told.content[0].text
     assert "wrong repo" in told.content[0].text
     assert late["status"] == 409 and late["type"] == errors.TODO_CANCELLED.type
@@ -668,3 +680,32 @@ def test_stdio_session_outlives_the_database(agent: tuple[Agent, str]) -> None:
         relay.cut()
     assert before == after == {"todos": [], "next_cursor": None}
     assert gone == errors.problem(errors.UNAVAILABLE, "The database is unavailable; retry.")
+
+
+# What one agent may take (issue 24 §2): a tool error that says to wait
+
+
+def test_quotas_are_tool_errors_and_change_nothing(open_session: Opener) -> None:
+    Agent.objects.filter(name=AGENT).update(max_held=1, max_creates_per_minute=2)
+    for n in range(2):
+        Todo.objects.create_todo(queue="mcp", kind="k", payload={"n": n})
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        return [
+            await call(session, "claim", ttl=30, limit=5),
+            await refused(session, "claim", ttl=30, wait=20),
+            await call(session, "create_for", queue="handoff", kind="k"),
+            await call(session, "create_for", queue="handoff", kind="k"),
+            await refused(session, "create_for", queue="handoff", kind="k"),
+            await refused(session, "create_for", queue="mcp", kind="k", max_attempts=26),
+        ]
+
+    claimed, held, _, _, flooded, attempts = run(open_session, scenario)
+    assert len(claimed["todos"]) == 1
+    for throttled in (held, flooded):
+        assert throttled["status"] == 429 and throttled["type"] == errors.THROTTLED.type
+    assert "holds 1 todos" in held["detail"]
+    assert "created 2 todos within a minute" in flooded["detail"]
+    assert attempts["status"] == 422 and "at most 25" in attempts["detail"]
+    assert Todo.objects.filter(owner=AGENT).count() == 1
+    assert Todo.objects.filter(queue="handoff").count() == 2

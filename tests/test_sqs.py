@@ -269,6 +269,7 @@ def test_four_consumer_threads_drain_two_thousand_messages_once(
     connect: Callable[..., Client], agent: Agent
 ) -> None:
     """The consumer loop of SQS's documentation: receive up to 10, process, delete in batch."""
+    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=2000)  # the default is 600
     sqs = connect(agent)
     queue = url(sqs)
     for start in range(0, 2000, 10):
@@ -317,3 +318,57 @@ def test_the_aws_cli_sends_receives_and_deletes(server: str, agent: Agent) -> No
     assert (message["MessageId"], message["Body"]) == (sent["MessageId"], "from the cli")
     aws("delete-message", "--queue-url", queue, "--receipt-handle", message["ReceiptHandle"])
     assert Todo.objects.get(pk=sent["MessageId"]).state == State.DONE
+
+
+# What one agent may take (issue 24 §2): botocore sees SQS's throttling error
+
+
+def test_a_receive_at_the_held_quota_is_throttled_and_claims_nothing(
+    connect: Callable[..., Client], agent: Agent
+) -> None:
+    Agent.objects.filter(pk=agent.pk).update(max_held=2)
+    for n in range(3):
+        Todo.objects.create_todo(queue="jobs", kind="k", payload={"n": n})
+    connections.close_all()
+    sqs = connect(agent)
+    queue = url(sqs)
+    assert len(sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]) == 2
+    started = time.monotonic()
+    with pytest.raises(ClientError) as throttled:
+        sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=20)
+    assert time.monotonic() - started < 5  # at once, not after the long poll
+    assert code(throttled) == "RequestThrottled"
+    assert "holds 2 todos" in throttled.value.response["Error"]["Message"]
+    assert Todo.objects.filter(state=State.PENDING).count() == 1
+
+
+def test_sends_past_the_minute_quota_are_throttled_each_batch_entry_counted(
+    connect: Callable[..., Client], agent: Agent
+) -> None:
+    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=4)
+    connections.close_all()
+    sqs = connect(agent)
+    queue = url(sqs)
+    sent = sqs.send_message_batch(
+        QueueUrl=queue, Entries=[{"Id": str(n), "MessageBody": f"m{n}"} for n in range(6)]
+    )
+    assert sorted(entry["Id"] for entry in sent["Successful"]) == ["0", "1", "2", "3"]
+    assert [(entry["Id"], entry["Code"]) for entry in sent["Failed"]] == [
+        ("4", "RequestThrottled"),
+        ("5", "RequestThrottled"),
+    ]
+    with pytest.raises(ClientError) as throttled:
+        sqs.send_message(QueueUrl=queue, MessageBody="one more")
+    assert code(throttled) == "RequestThrottled"
+    assert Todo.objects.filter(queue="jobs").count() == 4
+
+
+def test_a_deduplication_id_is_the_agents_own(connect: Callable[..., Client], agent: Agent) -> None:
+    """A producer's todo holding the same key is neither returned nor blocks the send."""
+    secret, _ = Todo.objects.create_todo(queue="jobs", kind="k", idempotency_key="d-1")
+    connections.close_all()
+    sqs = connect(agent)
+    queue = url(sqs)
+    first = sqs.send_message(QueueUrl=queue, MessageBody="a", MessageDeduplicationId="d-1")
+    again = sqs.send_message(QueueUrl=queue, MessageBody="a", MessageDeduplicationId="d-1")
+    assert first["MessageId"] == again["MessageId"] != secret.id

@@ -14,6 +14,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 FAILURE_COLUMNS = (
     _("attempt"),
@@ -60,8 +61,9 @@ def _link(model: str, pk: str | None) -> SafeString | str:
     return format_html('<a href="{}">{}</a>', url, pk)
 
 
-def failure_table(errors: Any) -> SafeString | str:
-    """A todo's failure history as a table, one row per failed or lapsed attempt."""
+def failure_table(errors: Any, dropped: int = 0) -> SafeString | str:
+    """A todo's failure history as a table, one row per failed or lapsed attempt; `dropped`
+    earlier ones were not kept (SWITCHBOARD_TODOS_MAX_ERRORS_KEPT), which its caption says."""
     entries = [entry for entry in errors or [] if isinstance(entry, dict)]
     if not entries:
         return str(_("No failed attempts."))
@@ -86,8 +88,22 @@ def failure_table(errors: Any) -> SafeString | str:
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
         rows,
     )
+    caption = (
+        format_html(
+            "<caption>{}</caption>",
+            ngettext(
+                "The %(count)d failed attempt before these is not kept.",
+                "The %(count)d failed attempts before these are not kept.",
+                dropped,
+            )
+            % {"count": dropped},
+        )
+        if dropped
+        else ""
+    )
     return format_html(
-        '<table class="switchboard-failures"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+        '<table class="switchboard-failures">{}<thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+        caption,
         header,
         body,
     )

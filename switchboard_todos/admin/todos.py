@@ -273,7 +273,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
 
     @admin.display(description=_("failed attempts"))
     def failure_history(self, todo: Todo) -> SafeString | str:
-        return failure_table(todo.errors)
+        return failure_table(todo.errors, todo.errors_dropped)
 
     # Extra pages
 

@@ -104,7 +104,8 @@ class CreateIn(Request):
     payload: dict[str, Any] | None = None
     idempotency_key: str | None = Field(
         default=None,
-        description="A live todo of the queue with this key is returned instead (200).",
+        description="A live todo of the queue you created with this key is returned instead "
+        "(200; 409 when it is in a queue you do not claim from). Your keys are your own.",
     )
     assignee: str | None = Field(default=None, description="Only this agent may claim it.")
     run_after: str | None = Field(
@@ -112,7 +113,10 @@ class CreateIn(Request):
         description="ISO 8601 date and time with an offset; not claimable before.",
         json_schema_extra={"format": "date-time"},
     )
-    max_attempts: int = 5
+    max_attempts: int | None = Field(
+        default=None,
+        description="Attempts before it is a dead letter; default 5 (or the agent's limit).",
+    )
     priority: int = Field(default=0, description="-100 to 100; higher is claimed sooner.")
     concurrency_key: str | None = Field(
         default=None,

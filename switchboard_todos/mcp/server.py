@@ -288,8 +288,12 @@ class Tools:
             Field(description="Not claimable before this time: ISO 8601 with a time zone."),
         ] = None,
         max_attempts: Annotated[
-            int, Field(description="Attempts before it becomes a dead letter.")
-        ] = 5,
+            int | None,
+            Field(
+                description="Attempts before it becomes a dead letter; default 5, and at most "
+                "your limit."
+            ),
+        ] = None,
         priority: Annotated[
             int, Field(description="-100 to 100; higher is claimed sooner; default 0.")
         ] = 0,
@@ -303,8 +307,11 @@ class Tools:
     ) -> Annotated[CallToolResult, Created]:
         """Create a todo for another agent or worker (or for later): hand off work you found.
         With an `idempotency_key`, calling again after a timeout or crash is safe: the live
-        todo with that key comes back with created=false. Errors: a queue you have no grant
-        to create in is refused; invalid values say which one to fix."""
+        todo with that key comes back with created=false (in a queue you do not claim from, a
+        conflict saying the key is taken: your earlier call went through). Your keys are your
+        own: they never match another agent's or a producer's. Errors: a queue you have no grant
+        to create in is refused; invalid values say which one to fix; too many creations a
+        minute: wait as the error says."""
 
         async def call(agent: Agent) -> dict[str, Any]:
             todo, created = await service.acreate_for(

@@ -188,10 +188,19 @@ notified AS (
 
 -- fragment: errors_with(owner, error)
 -- The failure history (`errors`) with one more entry: the attempt that ended, who held it, when
--- it was claimed and when it ended, and `error`, an object with "type" and "message".
-errors || jsonb_build_array(jsonb_build_object(
-             'attempt', attempt, 'owner', $owner, 'claimed_at', claimed_at, 'at', now(),
-             'error', $error))
+-- it was claimed and when it ended, and `error`, an object with "type" and "message" (trimmed
+-- to SWITCHBOARD_TODOS_MAX_ERROR_BYTES before the statement). Only the last
+-- %(max_errors_kept)s entries are kept; errors_dropped_with counts the ones this drops, and
+-- every statement that writes one writes the other.
+jsonb_path_query_array(
+    errors || jsonb_build_array(jsonb_build_object(
+        'attempt', attempt, 'owner', $owner, 'claimed_at', claimed_at, 'at', now(),
+        'error', $error)),
+    '$[last - $kept + 1 to last]', jsonb_build_object('kept', %(max_errors_kept)s::int))
+
+-- fragment: errors_dropped_with
+-- `errors_dropped` plus the entries errors_with drops from the history, in the same SET.
+errors_dropped + greatest(0, jsonb_array_length(errors) + 1 - %(max_errors_kept)s::int)
 
 -- fragment: lease_expired
 -- The error of an attempt whose lease lapsed: recorded by the reaper, or the claim taking over.
@@ -229,6 +238,8 @@ SET state = 'claimed',
     next_retry_at = NULL,
     errors = CASE WHEN state = 'claimed' THEN {{errors_with(owner, {{lease_expired}})}}
              ELSE errors END,
+    errors_dropped = CASE WHEN state = 'claimed' THEN {{errors_dropped_with}}
+                     ELSE errors_dropped END,
     slot = (SELECT slot.slot FROM slot WHERE slot.id = todos.id),
     updated_at = now()
 
@@ -563,6 +574,7 @@ UPDATE todos
        lease_expires_at = NULL,
        result = %(error)s::jsonb,
        errors = {{errors_with(owner, %(error)s::jsonb)}},
+       errors_dropped = {{errors_dropped_with}},
        completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
@@ -610,6 +622,7 @@ reaped AS (
            result = CASE WHEN attempt >= max_attempts THEN jsonb_build_object('type', 'LeaseExpired',
                         'message', 'The lease lapsed on the last attempt.') ELSE result END,
            errors = {{errors_with(owner, {{lease_expired}})}},
+           errors_dropped = {{errors_dropped_with}},
            completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
            updated_at = now()
       FROM lapsed
@@ -672,6 +685,7 @@ UPDATE todos
        lease_expires_at = NULL,
        result = {{cancelled}},
        errors = {{errors_with(owner, {{cancelled}})}},
+       errors_dropped = {{errors_dropped_with}},
        completed_at = now(),
        updated_at = now()
  WHERE id = ANY (%(ids)s::text[]) AND state IN ('pending', 'claimed')
