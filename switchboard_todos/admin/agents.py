@@ -34,11 +34,12 @@ else:  # Django's classes take no type parameters at run time.
 #: Where save_model leaves a new agent's token for response_add (on the agent, never on the
 #: admin, which every request shares).
 ISSUED = "_issued_token"
+#: Not `is_active`: an agent is revoked and made active again by the actions only, so that
+#: re-activation always comes with a new token (agents/accounts.py).
 FIELDS = [
     "name",
     "claim_queues",
     "create_queues",
-    "is_active",
     "token_prefix",
     "token_generation",
     "created_at",
@@ -69,8 +70,7 @@ class AgentAdmin(RefusesNul, AgentModelAdmin):
         return readonly if obj is None else ["name", *readonly]
 
     def get_fields(self, request: HttpRequest, obj: Agent | None = None) -> Any:
-        """A new agent is active: revoke it afterwards if need be."""
-        return FIELDS if obj is not None else [name for name in FIELDS if name != "is_active"]
+        return FIELDS
 
     def save_model(
         self, request: HttpRequest, obj: Agent, form: ModelForm[Agent], change: bool

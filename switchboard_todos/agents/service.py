@@ -73,17 +73,29 @@ class Page(NamedTuple):
 
 
 def authenticate(token: str | None) -> Agent:
-    """The active agent holding `token`, or NotAuthenticated; one statement."""
+    """The active agent holding `token`, or NotAuthenticated; one statement (two for a token
+    that is refused)."""
+    check_shape(token)
+    assert token is not None
+    token_hash = tokens.token_hash(token)
+    agent = _agent_by_hash(token_hash)
+    if agent is None:
+        revoked = Agent.objects.filter(token_hash=tokens.REVOKED + token_hash)
+        name = revoked.values_list("name", flat=True).first()
+        if name is None:
+            raise NotAuthenticated("Unknown token.")
+        raise NotAuthenticated(f"The token of agent {name!r} was revoked.")
+    if not agent.is_active:
+        raise NotAuthenticated(f"The token of agent {agent.name!r} was revoked.")
+    return agent
+
+
+def check_shape(token: str | None) -> None:
+    """Refuse a missing or malformed token, without the database (NotAuthenticated)."""
     if not token:
         raise NotAuthenticated(errors.NO_TOKEN)
     if not isinstance(token, str) or not tokens.well_formed(token):
         raise NotAuthenticated("Unknown token.")
-    agent = _agent_by_hash(tokens.token_hash(token))
-    if agent is None:
-        raise NotAuthenticated("Unknown token.")
-    if not agent.is_active:
-        raise NotAuthenticated(f"The token of agent {agent.name!r} was revoked.")
-    return agent
 
 
 def _agent_by_hash(token_hash: str) -> Agent | None:
