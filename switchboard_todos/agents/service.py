@@ -439,11 +439,11 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created_at, todo_id = json.loads(text)
         after = datetime.fromisoformat(created_at)
-        if not isinstance(todo_id, str) or after.tzinfo is None:
+        if after.tzinfo is None:
             raise ValueError(cursor)
-    except (binascii.Error, UnicodeError, ValueError, TypeError):
+        return after, _todo_id(todo_id)
+    except (binascii.Error, UnicodeError, ValueError, TypeError, InvalidTodo):
         raise InvalidTodo("cursor is not one that list_todos returned.") from None
-    return after, todo_id
 
 
 # Async twins
