@@ -21,13 +21,11 @@ without holding a thread.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import itertools
-import json
+import re
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -60,6 +58,14 @@ MAX_CLAIM_LIMIT = 10
 #: Most todos one page of `list_todos` holds, and how many without a `limit`.
 MAX_PAGE = 100
 DEFAULT_PAGE = 50
+#: A page's position (`next_cursor`): the microsecond its last todo was created, and its id.
+CURSOR_PATTERN = r"^-?[0-9]{1,18}:[^\x00]*$"
+_CURSOR = re.compile(CURSOR_PATTERN.removeprefix("^").removesuffix("$"))
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 class Page(NamedTuple):
@@ -171,7 +177,7 @@ def claim(
     *,
     queues: Iterable[str] | None = None,
     todo_id: str | None = None,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
@@ -194,7 +200,7 @@ async def aclaim(
     *,
     queues: Iterable[str] | None = None,
     todo_id: str | None = None,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
@@ -212,7 +218,7 @@ async def aclaim(
 async def _claim_across(
     agent: Agent,
     placed: dict[str, list[str]],
-    ttl: Seconds,
+    ttl: Seconds | None,
     seconds: float,
     count: int,
     *,
@@ -244,7 +250,9 @@ async def _claim_across(
             return claimed
 
 
-def _claim_each(agent: Agent, placed: dict[str, list[str]], ttl: Seconds, count: int) -> list[Todo]:
+def _claim_each(
+    agent: Agent, placed: dict[str, list[str]], ttl: Seconds | None, count: int
+) -> list[Todo]:
     """Claim up to `count` from each database's queues in turn, until `count` are claimed."""
     claimed: list[Todo] = []
     for alias, names in placed.items():
@@ -270,7 +278,7 @@ def _claim_one(
     agent: Agent,
     queues: Iterable[str] | None,
     todo_id: str,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds,
     limit: int,
 ) -> Todo:
@@ -290,7 +298,7 @@ def _claim_one(
 # The holder's verbs
 
 
-def heartbeat(agent: Agent, todo_id: str, ttl: Seconds) -> Todo:
+def heartbeat(agent: Agent, todo_id: str, ttl: Seconds | None) -> Todo:
     """Extend the lease on a todo the agent holds to `ttl` from now."""
     return _as_holder(
         agent, todo_id, lambda todos, checked: todos.heartbeat(checked, agent.name, ttl)
@@ -417,33 +425,40 @@ def _todo_id(value: object) -> str:
 
 
 def _moment(value: datetime | str | None) -> datetime | None:
-    """`run_after` as an aware datetime; remote callers may send ISO 8601 text."""
+    """`run_after` as an aware datetime; remote callers send RFC 3339 text (JSON Schema's
+    date-time: a date, a time and an offset)."""
     if not isinstance(value, str):
         return value
     try:
-        return datetime.fromisoformat(value)
+        if _RFC3339.fullmatch(value) is None:
+            raise ValueError(value)
+        return datetime.fromisoformat(value.upper())
     except ValueError:
-        raise InvalidTodo(f"run_after {value!r} is not an ISO 8601 date and time.") from None
+        raise InvalidTodo(
+            f"run_after {value!r} is not an RFC 3339 date and time with an offset "
+            "(2030-01-31T09:00:00Z, 2030-01-31T10:00:00+01:00)."
+        ) from None
 
 
 def _encode_cursor(todo: Todo) -> str:
-    position = json.dumps([todo.created_at.isoformat(), todo.id])
-    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+    return f"{(todo.created_at - _EPOCH) // _MICROSECOND}:{todo.id}"
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The position a cursor of `_encode_cursor` stands for; anything else is InvalidTodo."""
-    if len(cursor) > 200:
+def _decode_cursor(cursor: object) -> tuple[datetime, str]:
+    """The position a cursor stands for; a text not of CURSOR_PATTERN's shape is InvalidTodo.
+
+    Any text of that shape is a position (one beyond the dates Python can hold is the first or
+    the last), so that a client can send nothing the API's schema allows and the list refuses.
+    """
+    if not isinstance(cursor, str) or _CURSOR.fullmatch(cursor) is None:
         raise InvalidTodo("cursor is not one that list_todos returned.")
+    created, _, todo_id = cursor.partition(":")
+    micros = int(created)
     try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created_at, todo_id = json.loads(text)
-        after = datetime.fromisoformat(created_at)
-        if after.tzinfo is None:
-            raise ValueError(cursor)
-        return after, _todo_id(todo_id)
-    except (binascii.Error, UnicodeError, ValueError, TypeError, InvalidTodo):
-        raise InvalidTodo("cursor is not one that list_todos returned.") from None
+        after = _EPOCH + micros * _MICROSECOND
+    except OverflowError:
+        after = (datetime.max if micros > 0 else datetime.min).replace(tzinfo=UTC)
+    return after, validation.text(todo_id, "cursor", len(todo_id))  # no unpaired surrogate
 
 
 # Async twins
