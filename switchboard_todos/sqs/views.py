@@ -83,13 +83,7 @@ async def endpoint(request: HttpRequest, queue: str | None = None) -> HttpRespon
         body = request.body
         if len(body) > MAX_BODY:
             raise SQSError("InvalidParameterValue", f"The request body exceeds {MAX_BODY} bytes.")
-        agent = await sync_to_async(signing.verify)(
-            method=request.method or "POST",
-            url=request.build_absolute_uri(),
-            headers=dict(request.headers),
-            body=body,
-        )
-        params = _params(body)
+        agent, params = await sync_to_async(_signed)(request, body)
         return _answer(200, await action(agent, params, request))
     except signing.SigningError as error:
         return _error(error.code, str(error))
@@ -120,6 +114,18 @@ def _action(request: HttpRequest) -> Action:
             f"{name} is not supported here; supported: {', '.join(sorted(ACTIONS))}.",
         )
     return action
+
+
+def _signed(request: HttpRequest, body: bytes) -> tuple[Agent, dict[str, Any]]:
+    """On a thread: the agent that signed the request, then its parameters, parsed only for a
+    signed request and never on the event loop."""
+    agent = signing.verify(
+        method=request.method or "POST",
+        url=request.build_absolute_uri(),
+        headers=dict(request.headers),
+        body=body,
+    )
+    return agent, _params(body)
 
 
 def _params(body: bytes) -> dict[str, Any]:
