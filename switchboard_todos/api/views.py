@@ -116,7 +116,7 @@ LINKS = {
 }
 HOLDER_VERBS = ["get_todo", "claim_todo", "heartbeat", "complete", "fail", "release"]
 #: What every route may answer besides its success.
-PROBLEMS: dict[int, Any] = dict.fromkeys((401, 403, 404, 409, 413, 422), Problem)
+PROBLEMS: dict[int, Any] = dict.fromkeys((401, 403, 404, 409, 413, 422, 429, 503), Problem)
 ONE = {200: TodoOut, **PROBLEMS}
 
 
