@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -55,7 +55,12 @@ MAX_WAIT = timedelta(minutes=15)
 #: stored, then fail to load in a worker whose stack is already deeper.
 MAX_JSON_DEPTH = 200
 
-_QUEUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+#: A queue name, as a pattern that means the same to Python, ECMAScript (JSON Schema) and Rust.
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
+#: The characters str.isspace() calls whitespace (a text of only these is blank; a kind has
+#: none), as a class of a pattern that means the same to Python, ECMAScript and Rust.
+WHITESPACE = r"\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_QUEUE = re.compile(QUEUE_PATTERN.removeprefix("^").removesuffix("$"))
 _NO_SPACE = re.compile(r"\S+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -256,6 +261,10 @@ def run_after(value: object) -> datetime | None:
         raise InvalidTodo(f"run_after must be an aware datetime, not {type(value).__name__}.")
     if timezone.is_naive(value):
         raise InvalidTodo("run_after must be an aware datetime; this one has no tzinfo.")
+    try:
+        value.astimezone(UTC)
+    except OverflowError:  # stored, it could not be read back: the first or last moment instead
+        return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=UTC)
     return value
 
 

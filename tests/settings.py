@@ -38,6 +38,13 @@ SWITCHBOARD_TODOS_QUEUE_DATABASES = env.json("SWITCHBOARD_TODOS_QUEUE_DATABASES"
 # Periodic todos for the processes a test starts (the scheduler's systemd unit).
 SWITCHBOARD_TODOS_SCHEDULES = env.json("SWITCHBOARD_TODOS_SCHEDULES", default={})
 
+# The live HTTPS tests (tests/test_api_live.py) turn these on in the server they start.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+# What Prometheus sends to /metrics (tests/test_metrics.py).
+SWITCHBOARD_TODOS_METRICS_TOKEN = "metrics-test-token"
+
 WEBHOOK_SECRETS = {"github": "github-test-secret", "example": "example-test-secret"}
 WEBHOOK_MAX_BYTES = 64 * 1024
 

@@ -337,12 +337,21 @@ def test_list_todos_claimed_lists_what_the_agent_holds(
         {"cursor": "not a cursor"},
         {"cursor": "W10"},
         {"cursor": "x" * 300},
+        {"cursor": "1:\x00"},
+        {"cursor": "1:\ud800"},
+        {"cursor": "1" * 19 + ":td"},
         {"queues": ["bad name"]},
     ],
 )
 def test_list_todos_refuses_bad_arguments(agent: Agent, arguments: dict[str, Any]) -> None:
     with pytest.raises(InvalidTodo):
         service.list_todos(agent, **arguments)
+
+
+@pytest.mark.parametrize("cursor", ["0:", "-999999999999999999:x", "999999999999999999:td_ü y"])
+def test_any_cursor_of_the_documented_shape_is_a_position(agent: Agent, cursor: str) -> None:
+    """Beyond the dates Python holds, the first or last position: never a refusal."""
+    assert service.list_todos(agent, cursor=cursor).next_cursor is None
 
 
 def test_list_todos_of_a_queue_not_granted(agent: Agent) -> None:

@@ -21,7 +21,6 @@ from django.test.utils import CaptureQueriesContext
 from switchboard_todos import listen
 from switchboard_todos.agents import accounts
 from switchboard_todos.api import asgi
-from switchboard_todos.api.schemas import ClaimIn, CompleteIn
 from switchboard_todos.models import Agent, State, Todo
 from tests.asgi import django_application
 
@@ -302,9 +301,9 @@ def test_a_verb_is_two_statements(tokens: dict[str, str]) -> None:
     """The agent's lookup, then the transition; nothing else on the way."""
     todo, _ = Todo.objects.create_todo(queue="work", kind="k")
     with CaptureQueriesContext(connection) as claim:
-        asgi._perform("claim", tokens["a1"], None, ClaimIn(ttl=30))
+        asgi._perform("claim", tokens["a1"], None, b'{"ttl": 30}')
     with CaptureQueriesContext(connection) as complete:
-        asgi._perform("complete", tokens["a1"], todo.id, CompleteIn())
+        asgi._perform("complete", tokens["a1"], todo.id, b"")
     assert (len(claim), len(complete)) == (2, 2)
     assert Todo.objects.get(pk=todo.pk).state == State.DONE
 

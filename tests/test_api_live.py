@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import threading
@@ -299,3 +300,93 @@ def test_a_claim_by_id_conflict_names_no_todo_of_another_queue(server: str) -> N
     assert refused.status_code == 409
     assert "waits for its concurrency key" in refused.json()["detail"]
     assert holder.id not in refused.text
+
+
+#: A body under DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB) that costs JSON parsing the most: about
+#: 800,000 empty arrays, each a Python object to make and walk.
+HEAVY_BODY = b'{"ttl": 30, "x": [' + b",".join([b"[]"] * 800_000) + b"]}"
+
+
+def test_anonymous_large_bodies_do_not_hold_up_a_long_poll(server: str) -> None:
+    """Bodies sent with a token nobody holds, or none, are not parsed: the event loop that
+    wakes the long polls stays free. Before, each was parsed on the loop before the token was
+    looked up, and a waiting claim answered seconds late."""
+    token = accounts.create_agent("poller", claim_queues=["poll"])[1]
+    connections.close_all()
+    assert len(HEAVY_BODY) < 2_621_440
+    answered: list[tuple[httpx.Response, float]] = []
+    flooding = threading.Event()
+
+    def poll() -> None:
+        with agent_client(server, token) as client:
+            response = client.post("/claim/", json={"ttl": 30, "wait": 20})
+            answered.append((response, time.monotonic()))
+
+    def flood(number: int) -> list[int]:
+        statuses = []
+        authorization = "Bearer sbt_" + f"{number:043d}" if number % 2 else "Bearer nope"
+        with httpx.Client(base_url=server, timeout=60) as client:
+            while not answered:
+                flooding.set()
+                sent = client.post(
+                    "/claim/", content=HEAVY_BODY, headers={"Authorization": authorization}
+                )
+                statuses.append(sent.status_code)
+        return statuses
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    flooders = threading.Thread(target=lambda: statuses.extend(run_in_threads(8, flood)))
+    statuses: list[list[int]] = []
+    flooders.start()
+    flooding.wait(10)
+    time.sleep(1)  # the flood is on; the poll waits
+    todo, _ = Todo.objects.create_todo(queue="poll", kind="k")
+    enqueued = time.monotonic()
+    connections.close_all()
+    poller.join(30)
+    flooders.join(60)
+    [(response, at)] = answered
+    assert [claimed["id"] for claimed in response.json()["todos"]] == [todo.id]
+    assert at - enqueued < 1.5, at - enqueued
+    assert {status for each in statuses for status in each} == {401}
+
+
+def test_a_cursor_that_names_no_todo_id_is_refused(server: str) -> None:
+    """The cursor's id goes into a query: a NUL in it was a 500."""
+    token = accounts.create_agent("lister", claim_queues=["work"])[1]
+    position = json.dumps(["2030-01-01T00:00:00+00:00", "td_\u0000"]).encode()
+    cursor = base64.urlsafe_b64encode(position).decode().rstrip("=")
+    with agent_client(server, token) as client:
+        refused = client.get("/todos/", params={"cursor": cursor})
+    assert refused.status_code == 422, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+
+
+def test_a_plain_http_claim_gets_djangos_redirect_to_https(
+    subprocess_env: dict[str, str], make_todo: Callable[..., Todo]
+) -> None:
+    """With SECURE_SSL_REDIRECT, the verbs answered in front of Django honour the HTTPS
+    settings as Django's SecurityMiddleware does: the redirect, and nothing claimed; behind a
+    proxy that says the request was HTTPS (SECURE_PROXY_SSL_HEADER), the claim and HSTS."""
+    token = accounts.create_agent("secure", claim_queues=["work"])[1]
+    todo = make_todo(queue="work")
+    https = {
+        "SECURE_SSL_REDIRECT": "on",
+        "SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
+        "SECURE_HSTS_SECONDS": "3600",
+    }
+    with serve({**subprocess_env, **https}) as (base, process):
+        with agent_client(base, token) as client:
+            plain = client.post("/claim/", json={"ttl": 30})
+            assert Todo.objects.get(pk=todo.pk).state == State.PENDING
+            proxied = client.post(
+                "/claim/", json={"ttl": 30}, headers={"X-Forwarded-Proto": "https"}
+            )
+        process.terminate()
+        assert "Traceback" not in process.communicate(timeout=30)[0]
+    assert plain.status_code == 301
+    assert plain.headers["location"] == base.replace("http://", "https://") + "/claim/"
+    assert proxied.status_code == 200
+    assert [claimed["id"] for claimed in proxied.json()["todos"]] == [todo.id]
+    assert proxied.headers["strict-transport-security"] == "max-age=3600"

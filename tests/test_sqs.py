@@ -13,15 +13,20 @@ from io import StringIO
 from typing import Any
 
 import boto3
+import httpx
 import pytest
+from asgiref.sync import async_to_sync
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
 from botocore.config import Config
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 from django.core.management import call_command
 from django.db import connections
 
 from switchboard_todos.agents import accounts
 from switchboard_todos.models import Agent, State, Todo
-from switchboard_todos.sqs import messages
+from switchboard_todos.sqs import messages, views
 from switchboard_todos.sqs.signing import secret_for
 from tests.asgi import serve
 from tests.conftest import run_in_threads
@@ -372,3 +377,238 @@ def test_a_deduplication_id_is_the_agents_own(connect: Callable[..., Client], ag
     first = sqs.send_message(QueueUrl=queue, MessageBody="a", MessageDeduplicationId="d-1")
     again = sqs.send_message(QueueUrl=queue, MessageBody="a", MessageDeduplicationId="d-1")
     assert first["MessageId"] == again["MessageId"] != secret.id
+
+
+def signed(
+    server: str,
+    agent: Agent,
+    action: str,
+    params: dict[str, Any],
+    *,
+    secret: str | None = None,
+    sign_target: bool = True,
+) -> httpx.Response:
+    """One request signed by botocore's SigV4 signer as a client would, sent as it is: any
+    parameters, past boto3's own checks. `sign_target=False` signs it before X-Amz-Target is
+    added (over host, content type and date only)."""
+    body = json.dumps(params).encode()
+    target = {"X-Amz-Target": f"AmazonSQS.{action}"}
+    request = AWSRequest(
+        method="POST",
+        url=f"{server}/sqs/",
+        data=body,
+        headers={"Content-Type": "application/x-amz-json-1.0", **(target if sign_target else {})},
+    )
+    credentials = Credentials(agent.name, secret or secret_for(agent))
+    signer: Any = SigV4Auth(credentials, "sqs", "us-east-1")
+    signer.add_auth(request)
+    return httpx.post(request.url, content=body, headers={**dict(request.headers), **target})
+
+
+def error_code(response: httpx.Response) -> str:
+    return str(response.json()["__type"]).rsplit("#", 1)[-1]
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"a": {"DataType": "String"}},
+        {"a": {"DataType": "String", "StringValue": 5}},
+        {"a": {"DataType": "Binary", "BinaryValue": "not base64!"}},
+        {"a": {"DataType": "Number", "StringValue": "many"}},
+        {"a": {"DataType": "Date", "StringValue": "today"}},
+        {"a": "blue"},
+        {"AWS.a": {"DataType": "String", "StringValue": "x"}},
+        {"a..b": {"DataType": "String", "StringValue": "x"}},
+        {str(n): {"DataType": "String", "StringValue": "x"} for n in range(11)},
+        ["a"],
+    ],
+)
+def test_a_malformed_attribute_is_refused_before_anything_is_written(
+    server: str, connect: Callable[..., Client], agent: Agent, attributes: Any
+) -> None:
+    """Before, the todo was committed, then the answer failed (500; a retry made a second
+    one), and every later receive of the queue failed after claiming."""
+    sqs = connect(agent)
+    queue = url(sqs)
+    message = {"QueueUrl": queue, "MessageBody": "x", "MessageAttributes": attributes}
+    for action, params in [
+        ("SendMessage", message),
+        ("SendMessageBatch", {"QueueUrl": queue, "Entries": [{"Id": "1", **message}]}),
+    ]:
+        response = signed(server, agent, action, params)
+        if action == "SendMessage":
+            assert response.status_code == 400, response.text
+            assert error_code(response) == "InvalidParameterValue"
+        else:
+            assert response.status_code == 200, response.text
+            assert [entry["Code"] for entry in response.json()["Failed"]] == [
+                "InvalidParameterValue"
+            ]
+    assert Todo.objects.count() == 0
+    sent = sqs.send_message(QueueUrl=queue, MessageBody="fine")
+    [received] = sqs.receive_message(QueueUrl=queue, MessageSystemAttributeNames=["All"])[
+        "Messages"
+    ]
+    assert received["MessageId"] == sent["MessageId"]
+    assert received["Attributes"]["ApproximateReceiveCount"] == "1"
+
+
+@pytest.mark.parametrize("names", [5, "All", [1], {"All": True}])
+def test_a_receive_with_malformed_names_claims_nothing(
+    server: str, connect: Callable[..., Client], agent: Agent, names: Any
+) -> None:
+    sqs = connect(agent)
+    queue = url(sqs)
+    sqs.send_message(QueueUrl=queue, MessageBody="waiting")
+    for name in ["AttributeNames", "MessageSystemAttributeNames", "MessageAttributeNames"]:
+        response = signed(
+            server,
+            agent,
+            "ReceiveMessage",
+            {"QueueUrl": queue, "MaxNumberOfMessages": 10, name: names},
+        )
+        assert response.status_code == 400, response.text
+        assert error_code(response) == "InvalidParameterValue"
+    response = signed(
+        server, agent, "GetQueueAttributes", {"QueueUrl": queue, "AttributeNames": names}
+    )
+    assert (response.status_code, error_code(response)) == (400, "InvalidParameterValue")
+    assert list(Todo.objects.values_list("state", "attempt")) == [(State.PENDING, 0)]
+
+
+def test_any_todo_renders_as_a_message(
+    connect: Callable[..., Client], agent: Agent, make_todo: Callable[..., Todo]
+) -> None:
+    """Whatever a producer wrote, a receive answers it: attributes not of SQS's shape are left
+    out, a payload that is not an object is the body's JSON."""
+    shaped = {"DataType": "String", "StringValue": "kept"}
+    make_todo(
+        queue="jobs",
+        kind=messages.KIND,
+        payload={"body": "odd", "attributes": {"ok": shaped, "bad": {"DataType": "String"}}},
+    )
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO todos (queue, kind, payload, errors) "
+            "VALUES ('jobs', 'sqs', '[1, \"two\"]', '[{\"claimed_at\": \"yesterday\"}]')"
+        )
+    sqs = connect(agent)
+    received = sqs.receive_message(
+        QueueUrl=url(sqs),
+        MaxNumberOfMessages=10,
+        MessageAttributeNames=["All"],
+        MessageSystemAttributeNames=["All"],
+    )["Messages"]
+    assert sorted(message["Body"] for message in received) == [
+        "odd",
+        '{"kind":"sqs","title":"","payload":[1,"two"]}',
+    ]
+    [with_attributes] = [message for message in received if "MessageAttributes" in message]
+    assert with_attributes["MessageAttributes"] == {"ok": shaped}
+    assert set(Todo.objects.values_list("state", flat=True)) == {State.CLAIMED}
+
+
+def test_a_batch_that_cannot_be_answered_is_given_back(
+    agent: Agent, make_todo: Callable[..., Todo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last line of defence: a received batch is released (attempts refunded) when its
+    answer fails, never left claimed for the visibility timeout."""
+    for _ in range(3):
+        make_todo(queue="jobs", kind="k")
+    todos = Todo.objects.claim_batch("jobs", agent.name, 30, 10)
+
+    def broken(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[str, Any]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(views, "_message", broken)
+    with pytest.raises(RuntimeError):
+        async_to_sync(views._messages)(agent, todos, set(), set())
+    assert set(Todo.objects.values_list("state", "attempt")) == {(State.PENDING, 0)}
+
+
+def test_a_stale_handle_after_a_zero_visibility_timeout_is_refused(
+    connect: Callable[..., Client], agent: Agent
+) -> None:
+    """Release gives the attempt back: the next receipt has the same attempt, and before, the
+    same handle, which the earlier receiver could still delete with."""
+    sqs = connect(agent)
+    queue = url(sqs)
+    sqs.send_message(QueueUrl=queue, MessageBody="again")
+    [first] = sqs.receive_message(QueueUrl=queue)["Messages"]
+    sqs.change_message_visibility(
+        QueueUrl=queue, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0
+    )
+    [second] = sqs.receive_message(QueueUrl=queue)["Messages"]
+    assert second["MessageId"] == first["MessageId"]
+    assert second["ReceiptHandle"] != first["ReceiptHandle"]
+    stale = first["ReceiptHandle"]
+    with pytest.raises(ClientError) as error:
+        sqs.delete_message(QueueUrl=queue, ReceiptHandle=stale)
+    assert code(error) == "ReceiptHandleIsInvalid"
+    with pytest.raises(ClientError) as error:
+        sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=stale, VisibilityTimeout=60)
+    assert code(error) == "ReceiptHandleIsInvalid"
+    assert Todo.objects.get(pk=first["MessageId"]).state == State.CLAIMED
+    sqs.delete_message(QueueUrl=queue, ReceiptHandle=second["ReceiptHandle"])
+    assert Todo.objects.get(pk=first["MessageId"]).state == State.DONE
+
+
+def test_a_request_signed_without_its_action_is_refused(
+    server: str, connect: Callable[..., Client], agent: Agent
+) -> None:
+    """Signed over host, content type and date only, a captured request could be sent again,
+    within the 5 minutes, as another action."""
+    sqs = connect(agent)
+    queue = url(sqs)
+    sqs.send_message(QueueUrl=queue, MessageBody="held")
+    [message] = sqs.receive_message(QueueUrl=queue)["Messages"]
+    params = {"QueueUrl": queue, "ReceiptHandle": message["ReceiptHandle"]}
+    replayed = signed(server, agent, "DeleteMessage", params, sign_target=False)
+    assert (replayed.status_code, error_code(replayed)) == (403, "SignatureDoesNotMatch")
+    assert Todo.objects.get(pk=message["MessageId"]).state == State.CLAIMED
+    assert signed(server, agent, "DeleteMessage", params).status_code == 200
+    assert Todo.objects.get(pk=message["MessageId"]).state == State.DONE
+
+
+def test_a_deleted_agent_created_again_gets_a_new_secret(
+    connect: Callable[..., Client], agent: Agent
+) -> None:
+    old = secret_for(agent)
+    assert connect(agent).list_queues()["QueueUrls"]
+    agent.delete()
+    again = accounts.create_agent("sqs-bot", claim_queues=["jobs"], create_queues=["jobs"])[0]
+    assert secret_for(again) != old
+    with pytest.raises(ClientError) as error:
+        connect(again, secret=old).list_queues()
+    assert code(error) == "SignatureDoesNotMatch"
+    assert connect(again).list_queues()["QueueUrls"]
+
+
+def test_a_revoked_agent_made_active_again_has_neither_old_credential(
+    server: str, connect: Callable[..., Client]
+) -> None:
+    """Whatever makes the agent active again (here, its row), the token and secret it had
+    before its revocation stay dead; rotating gives it new ones."""
+    agent, token = accounts.create_agent("sqs-bot", claim_queues=["jobs"])
+    secret = secret_for(agent)
+    with httpx.Client(
+        base_url=f"{server}/api", headers={"Authorization": f"Bearer {token}"}
+    ) as api:
+        assert api.post("/claim/", json={"ttl": 30}).status_code == 200
+        accounts.revoke(agent)
+        refused = api.post("/claim/", json={"ttl": 30})
+        assert refused.status_code == 401 and "revoked" in refused.json()["detail"]
+        Agent.objects.filter(pk=agent.pk).update(is_active=True)
+        agent.refresh_from_db()
+        with pytest.raises(ClientError) as error:
+            connect(agent, secret=secret).list_queues()
+        assert code(error) == "SignatureDoesNotMatch"
+        assert api.post("/claim/", json={"ttl": 30}).status_code == 401
+        new_token = accounts.rotate_token(agent)
+        assert connect(agent).list_queues()["QueueUrls"]
+        with pytest.raises(ClientError):
+            connect(agent, secret=secret).list_queues()
+        assert api.post("/claim/", json={"ttl": 30}).status_code == 401
+        fresh = {"Authorization": f"Bearer {new_token}"}
+        assert api.post("/claim/", json={"ttl": 30}, headers=fresh).status_code == 200

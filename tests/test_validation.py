@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -141,6 +142,33 @@ def test_json_values_near_the_rules(db: None, value: Any, stored: bool) -> None:
     todo = Todo.objects.create_todo(kind="k", payload={"value": value})[0]
     todo.refresh_from_db()
     assert todo.payload == {"value": value}
+
+
+def test_the_whitespace_class_is_what_str_isspace_calls_whitespace() -> None:
+    """The class the API's schema states blank text with (api/schemas.py) is the core's."""
+    whitespace = re.compile(f"[{validation.WHITESPACE}]")
+    everything = map(chr, range(0x110000))
+    assert [char for char in everything if whitespace.fullmatch(char)] == [
+        char for char in map(chr, range(0x110000)) if char.isspace()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("run_after", "stored"),
+    [
+        (datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))), None),
+        (
+            datetime(9999, 12, 31, 23, 59, tzinfo=timezone(-timedelta(hours=1))),
+            datetime.max.replace(tzinfo=UTC),
+        ),
+    ],
+)
+def test_a_run_after_beyond_the_years_python_holds_is_the_first_or_last_moment(
+    db: None, run_after: datetime, stored: datetime | None
+) -> None:
+    """In UTC it would be year 0 or 10000: stored as such, the todo could not be read back."""
+    todo, _ = Todo.objects.create_todo(queue="q", kind="k", run_after=run_after)
+    assert Todo.objects.get(pk=todo.pk).next_retry_at == stored
 
 
 def test_the_json_size_limit_counts_utf8_bytes(settings: Any) -> None:

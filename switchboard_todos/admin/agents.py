@@ -35,6 +35,8 @@ else:  # Django's classes take no type parameters at run time.
 #: Where save_model leaves a new agent's token for response_add (on the agent, never on the
 #: admin, which every request shares).
 ISSUED = "_issued_token"
+#: Not `is_active`: an agent is revoked and made active again by the actions only, so that
+#: re-activation always comes with a new token (agents/accounts.py).
 FIELDS = [
     "name",
     "claim_queues",
@@ -42,7 +44,6 @@ FIELDS = [
     "max_held",
     "max_creates_per_minute",
     "max_attempts_limit",
-    "is_active",
     "token_prefix",
     "token_generation",
     "created_at",
@@ -96,8 +97,7 @@ class AgentAdmin(RefusesNul, AgentModelAdmin):
         return readonly if obj is None else ["name", *readonly]
 
     def get_fields(self, request: HttpRequest, obj: Agent | None = None) -> Any:
-        """A new agent is active: revoke it afterwards if need be."""
-        return FIELDS if obj is not None else [name for name in FIELDS if name != "is_active"]
+        return FIELDS
 
     def save_model(
         self, request: HttpRequest, obj: Agent, form: ModelForm[Agent], change: bool

@@ -21,13 +21,11 @@ without holding a thread.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import itertools
-import json
+import re
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -68,6 +66,14 @@ MAX_KEY_LENGTH = 128
 #: Most todos one page of `list_todos` holds, and how many without a `limit`.
 MAX_PAGE = 100
 DEFAULT_PAGE = 50
+#: A page's position (`next_cursor`): the microsecond its last todo was created, and its id.
+CURSOR_PATTERN = r"^-?[0-9]{1,18}:[^\x00]*$"
+_CURSOR = re.compile(CURSOR_PATTERN.removeprefix("^").removesuffix("$"))
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 class Page(NamedTuple):
@@ -81,17 +87,29 @@ class Page(NamedTuple):
 
 
 def authenticate(token: str | None) -> Agent:
-    """The active agent holding `token`, or NotAuthenticated; one statement."""
+    """The active agent holding `token`, or NotAuthenticated; one statement (two for a token
+    that is refused)."""
+    check_shape(token)
+    assert token is not None
+    token_hash = tokens.token_hash(token)
+    agent = _agent_by_hash(token_hash)
+    if agent is None:
+        revoked = Agent.objects.filter(token_hash=tokens.REVOKED + token_hash)
+        name = revoked.values_list("name", flat=True).first()
+        if name is None:
+            raise NotAuthenticated("Unknown token.")
+        raise NotAuthenticated(f"The token of agent {name!r} was revoked.")
+    if not agent.is_active:
+        raise NotAuthenticated(f"The token of agent {agent.name!r} was revoked.")
+    return agent
+
+
+def check_shape(token: str | None) -> None:
+    """Refuse a missing or malformed token, without the database (NotAuthenticated)."""
     if not token:
         raise NotAuthenticated(errors.NO_TOKEN)
     if not isinstance(token, str) or not tokens.well_formed(token):
         raise NotAuthenticated("Unknown token.")
-    agent = _agent_by_hash(tokens.token_hash(token))
-    if agent is None:
-        raise NotAuthenticated("Unknown token.")
-    if not agent.is_active:
-        raise NotAuthenticated(f"The token of agent {agent.name!r} was revoked.")
-    return agent
 
 
 def _agent_by_hash(token_hash: str) -> Agent | None:
@@ -167,7 +185,7 @@ def claim(
     *,
     queues: Iterable[str] | None = None,
     todo_id: str | None = None,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
@@ -194,7 +212,7 @@ async def aclaim(
     *,
     queues: Iterable[str] | None = None,
     todo_id: str | None = None,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
@@ -216,7 +234,7 @@ async def aclaim(
 
 
 def _claim_now(
-    agent: Agent, placed: dict[str, list[str]], ttl: Seconds, count: int, quota: int
+    agent: Agent, placed: dict[str, list[str]], ttl: Seconds | None, count: int, quota: int
 ) -> list[Todo]:
     """A claim that does not wait, taking only as many as bring the todos the agent holds up to
     its quota; Throttled when it claimed nothing because the agent holds that many already.
@@ -233,7 +251,7 @@ def _claim_now(
 async def _claim_across(
     agent: Agent,
     placed: dict[str, list[str]],
-    ttl: Seconds,
+    ttl: Seconds | None,
     seconds: float,
     count: int,
     quota: int,
@@ -269,7 +287,7 @@ async def _claim_across(
 
 
 def _claim_each(
-    agent: Agent, placed: dict[str, list[str]], ttl: Seconds, count: int, quota: int
+    agent: Agent, placed: dict[str, list[str]], ttl: Seconds | None, count: int, quota: int
 ) -> list[Todo]:
     """Claim up to `count` from each database's queues in turn, until `count` are claimed; in
     each, only as many as bring the todos the agent holds there up to `quota`."""
@@ -297,7 +315,7 @@ def _claim_one(
     agent: Agent,
     queues: Iterable[str] | None,
     todo_id: str,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds,
     limit: int,
 ) -> Todo:
@@ -391,7 +409,7 @@ def _throttled(message: str, seconds: float) -> Throttled:
 # The holder's verbs
 
 
-def heartbeat(agent: Agent, todo_id: str, ttl: Seconds, progress: Any = None) -> Todo:
+def heartbeat(agent: Agent, todo_id: str, ttl: Seconds | None, progress: Any = None) -> Todo:
     """Extend the lease on a todo the agent holds to `ttl` from now; `progress` (any JSON
     value) becomes its latest progress note. TodoCancelled: an operator cancelled it."""
     return _as_holder(
@@ -596,33 +614,40 @@ def _todo_id(value: object) -> str:
 
 
 def _moment(value: datetime | str | None) -> datetime | None:
-    """`run_after` as an aware datetime; remote callers may send ISO 8601 text."""
+    """`run_after` as an aware datetime; remote callers send RFC 3339 text (JSON Schema's
+    date-time: a date, a time and an offset)."""
     if not isinstance(value, str):
         return value
     try:
-        return datetime.fromisoformat(value)
+        if _RFC3339.fullmatch(value) is None:
+            raise ValueError(value)
+        return datetime.fromisoformat(value.upper())
     except ValueError:
-        raise InvalidTodo(f"run_after {value!r} is not an ISO 8601 date and time.") from None
+        raise InvalidTodo(
+            f"run_after {value!r} is not an RFC 3339 date and time with an offset "
+            "(2030-01-31T09:00:00Z, 2030-01-31T10:00:00+01:00)."
+        ) from None
 
 
 def _encode_cursor(todo: Todo) -> str:
-    position = json.dumps([todo.created_at.isoformat(), todo.id])
-    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+    return f"{(todo.created_at - _EPOCH) // _MICROSECOND}:{todo.id}"
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The position a cursor of `_encode_cursor` stands for; anything else is InvalidTodo."""
-    if len(cursor) > 200:
+def _decode_cursor(cursor: object) -> tuple[datetime, str]:
+    """The position a cursor stands for; a text not of CURSOR_PATTERN's shape is InvalidTodo.
+
+    Any text of that shape is a position (one beyond the dates Python can hold is the first or
+    the last), so that a client can send nothing the API's schema allows and the list refuses.
+    """
+    if not isinstance(cursor, str) or _CURSOR.fullmatch(cursor) is None:
         raise InvalidTodo("cursor is not one that list_todos returned.")
+    created, _, todo_id = cursor.partition(":")
+    micros = int(created)
     try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created_at, todo_id = json.loads(text)
-        after = datetime.fromisoformat(created_at)
-        if not isinstance(todo_id, str) or after.tzinfo is None:
-            raise ValueError(cursor)
-    except (binascii.Error, UnicodeError, ValueError, TypeError):
-        raise InvalidTodo("cursor is not one that list_todos returned.") from None
-    return after, todo_id
+        after = _EPOCH + micros * _MICROSECOND
+    except OverflowError:
+        after = (datetime.max if micros > 0 else datetime.min).replace(tzinfo=UTC)
+    return after, validation.text(todo_id, "cursor", len(todo_id))  # no unpaired surrogate
 
 
 # Async twins
