@@ -26,9 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def serve(env: dict[str, str], *, workers: int = 1) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """uvicorn serving `application` in `workers` processes with environment `env`; the API's
-    base URL once it answers, and the process.
+def serve(
+    env: dict[str, str], *, workers: int = 1, application: str = "tests.asgi:application"
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """uvicorn serving `application` (this module's, or another "module:name") in `workers`
+    processes with environment `env`; the API's base URL once it answers, and the process.
 
     The process is stopped on leaving; its output (warnings and up) is on its `stdout`.
     """
@@ -38,7 +40,7 @@ def serve(env: dict[str, str], *, workers: int = 1) -> Iterator[tuple[str, subpr
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--port", str(port),
+        [sys.executable, "-m", "uvicorn", application, "--port", str(port),
          "--workers", str(workers), "--no-access-log", "--log-level", "warning"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
