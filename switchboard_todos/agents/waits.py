@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connections
 
 from switchboard_todos.conf import conf
@@ -58,18 +58,22 @@ def admitted(agent: Agent, seconds: float) -> Iterator[None]:
 @asynccontextmanager
 async def awaiting(agent: Agent, seconds: float) -> AsyncIterator[None]:
     """`admitted`, for a long poll of an async surface, which then gives back the connections
-    of its request's thread: the poll's claims run on the claim threads (waiting.py), and the
-    connection that authenticated the request would otherwise be held through the wait."""
+    of its request's own thread: the poll's claims run on the claim threads (waiting.py), and
+    the connection that authenticated the request would otherwise be held through the wait.
+
+    A request has a thread of its own under Django's ASGI handler and the MCP endpoint (a
+    ThreadSensitiveContext each). Without one (AgentsAPIFirst's verbs, a plain event loop) the
+    caller's thread is shared and long-lived, and keeps its connection, as a worker's does.
+    """
     with admitted(agent, seconds):
-        if seconds:
+        if seconds and SyncToAsync.thread_sensitive_context.get(None) is not None:
             await sync_to_async(_give_back_connections)()
         yield
 
 
 def _give_back_connections() -> None:
     """Close this thread's connections (a pooled one goes back to the pool), outside a
-    transaction. Under ASGI the thread is the request's own (Django's handler and the MCP
-    endpoint give each request one), whose connections are closed when the request ends."""
+    transaction: the request's own thread's, which Django would close when the request ends."""
     for connection in connections.all(initialized_only=True):
         if not connection.in_atomic_block:
             connection.close()
