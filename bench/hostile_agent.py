@@ -5,8 +5,8 @@ each). The well-behaved agents (4, or one fewer than the pool has processes) cla
 one todo at a time over HTTP for 10 s, as in scenario 7 but with a wait on each claim, as an
 agent's loop does (a backlog answers it at once), and note how long each claim took. Each
 round does so three times: without the hostile agent, with its long polls only, and with
-everything it does, in one more process, under way a second before the clock starts. The hostile agent has a token of its own that
-claims from and creates in queue `hostile`, and
+everything it does, in one more process, under way a second before the clock starts. The
+hostile agent has a token of its own that claims from and creates in queue `hostile`, and
 
 * floods long polls: FLOOD threads, each in `POST claim/` with a wait over and over, four
   times what SWITCHBOARD_TODOS_AGENT_MAX_WAITS admits per server process;
