@@ -17,15 +17,13 @@ from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeV
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 
-from switchboard_todos import cursors, faults, placement, signals, validation
+from switchboard_todos import cursors, faults, placement, signals, validation, waiting
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
-from switchboard_todos.listen import BlockingClaim
 from switchboard_todos.marks import marks
 from switchboard_todos.querysets import TodoQuerySet
 from switchboard_todos.sql import queries
@@ -442,14 +440,6 @@ class TodoManager(_TodoManagerBase["Todo"]):
         claimed = await self.aclaim_batch(queues, owner, ttl, limit=1, wait=wait, max_held=max_held)
         return claimed[0] if claimed else None
 
-    def _give_back_pooled_connection(self) -> None:
-        """Between the polls of an async blocking claim, return a pooled connection to the pool.
-
-        Under ASGI, each request holds its connection until it ends: without this, every
-        waiting long poll would hold one, and a few would exhaust the pool.
-        """
-        give_back_if_pooled(connections[self._db_alias])
-
     async def _claim_batch(
         self,
         io: _Blocking,
@@ -460,7 +450,12 @@ class TodoManager(_TodoManagerBase["Todo"]):
         wait: Seconds | None,
         max_held: int | None,
     ) -> list[Todo]:
-        """`claim_batch` and its twin, one code: `io` claims, subscribes and waits, each its way."""
+        """`claim_batch` and its twin, one code: `io` claims and waits, each its way.
+
+        A claim with a wait is a long poll of the process's waiters (waiting.py): it joins
+        them before its first claim, so that a todo committed after that claim began is
+        notified to it, then waits for a ring or its turn to poll.
+        """
         params = _leased(
             validation.arguments(
                 queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait, max_held=max_held
@@ -472,26 +467,29 @@ class TodoManager(_TodoManagerBase["Todo"]):
         seconds = params.pop("wait")
         if not seconds:
             return await io.claim(params)
-        claimed, fault, backoff = await io.claim_through_faults(params)
-        if claimed:
-            return claimed
-        waiting = BlockingClaim(placed._db_alias, params["queues"], seconds, listen=conf.LISTEN)
-        await io.start(waiting)
+        poll = waiting.LongPoll(
+            placed._db_alias, params["owner"], params["queues"], seconds, listening=conf.LISTEN
+        )
+        await io.join(poll)
         try:
             while True:
-                if fault is None:  # the claim after subscribing, or after a ring
-                    claimed, fault, backoff = await io.claim_through_faults(params)
-                    if claimed:
-                        return claimed
-                pause = waiting.pause()
-                if pause is None:
-                    if fault is not None:
-                        raise fault  # still down at the end of the wait: the caller learns so
+                claimed, fault, backoff = await io.claim_through_faults(params)
+                poll.claimed([todo.queue for todo in claimed], params["limit"])
+                if claimed:
                     return claimed
-                await io.ring(waiting, pause if fault is None else min(pause, backoff))
-                fault = None
+                while True:  # until rung, or its turn to poll
+                    pause = poll.pause()
+                    if pause is None:
+                        if fault is not None:
+                            raise fault  # still down at the end of the wait: the caller learns so
+                        return claimed
+                    if fault is not None:
+                        await io.wait(poll, min(pause, backoff))
+                        break
+                    if await io.wait(poll, pause):
+                        break
         finally:
-            waiting.close()
+            poll.leave()
 
     def claim_filtered(
         self, queryset: TodoQuerySet, owner: str, ttl: Seconds | None, limit: int
@@ -932,7 +930,8 @@ _BLOCKING_OUTAGE = faults.Outage("blocking claims")
 
 
 class _Blocking:
-    """How `claim_batch` claims and waits: on the calling thread. Its awaits never suspend."""
+    """How `claim_batch` claims and waits: on the calling thread, keeping its connection while
+    it waits (waiting.py says why). Its awaits never suspend."""
 
     def __init__(self, manager: TodoManager) -> None:
         self.manager = manager
@@ -945,16 +944,17 @@ class _Blocking:
     ) -> tuple[list[Todo], DatabaseError | None, float]:
         return self.manager._claim_through_faults(params)
 
-    async def start(self, waiting: BlockingClaim) -> None:
-        waiting.start()
+    async def join(self, poll: waiting.LongPoll) -> None:
+        poll.join()
 
-    async def ring(self, waiting: BlockingClaim, pause: float) -> None:
-        waiting.doorbell.wait(pause)
+    async def wait(self, poll: waiting.LongPoll, seconds: float) -> bool:
+        return poll.wait(seconds)
 
 
 class _Suspending(_Blocking):
-    """How `aclaim_batch` claims and waits: off the event loop, suspended while it waits, and
-    holding no pooled connection meanwhile (`_give_back_pooled_connection`)."""
+    """How `aclaim_batch` claims and waits: a claim without a wait in the caller's thread, as
+    every async twin; the claims of a long poll on the process's claim threads, suspended
+    while it waits, so that it holds neither a thread nor a connection meanwhile."""
 
     async def claim(self, params: Mapping[str, Any]) -> list[Todo]:
         return await sync_to_async(self.manager._claim, thread_sensitive=True)(params)
@@ -962,26 +962,14 @@ class _Suspending(_Blocking):
     async def claim_through_faults(
         self, params: Mapping[str, Any]
     ) -> tuple[list[Todo], DatabaseError | None, float]:
-        claim = sync_to_async(self.manager._claim_through_faults, thread_sensitive=True)
-        return await claim(params)
+        claims = waiting.claim_threads()
+        return await claims.run(params["owner"], self.manager._claim_through_faults, params)
 
-    async def start(self, waiting: BlockingClaim) -> None:
-        await self._give_back()  # before the listener, which may need a connection from the pool
-        await sync_to_async(waiting.start, thread_sensitive=False)()
+    async def join(self, poll: waiting.LongPoll) -> None:
+        await poll.ajoin()
 
-    async def ring(self, waiting: BlockingClaim, pause: float) -> None:
-        await self._give_back()
-        await waiting.doorbell.await_ring(pause)
-
-    async def _give_back(self) -> None:
-        await sync_to_async(self.manager._give_back_pooled_connection, thread_sensitive=True)()
-
-
-def give_back_if_pooled(connection: BaseDatabaseWrapper) -> None:
-    """Give a connection of Django's pool back to the pool, outside a transaction. An unpooled
-    one stays open: reconnecting each time would cost more than holding it."""
-    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
-        connection.close()
+    async def wait(self, poll: waiting.LongPoll, seconds: float) -> bool:
+        return await poll.await_ring(seconds)
 
 
 def run_now(coroutine: Coroutine[Any, Any, R]) -> R:

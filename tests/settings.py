@@ -37,6 +37,9 @@ SWITCHBOARD_TODOS_DATABASE_OPTIONS = env.json("SWITCHBOARD_TODOS_DATABASE_OPTION
 SWITCHBOARD_TODOS_QUEUE_DATABASES = env.json("SWITCHBOARD_TODOS_QUEUE_DATABASES", default={})
 # Periodic todos for the processes a test starts (the scheduler's systemd unit).
 SWITCHBOARD_TODOS_SCHEDULES = env.json("SWITCHBOARD_TODOS_SCHEDULES", default={})
+# The long polls one agent may have waiting at once, for the server a test starts
+# (tests/test_long_polls_live.py).
+SWITCHBOARD_TODOS_AGENT_MAX_WAITS = env.int("SWITCHBOARD_TODOS_AGENT_MAX_WAITS", default=8)
 
 # The live HTTPS tests (tests/test_api_live.py) turn these on in the server they start.
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)

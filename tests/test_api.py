@@ -14,7 +14,7 @@ import pytest
 from django.db import OperationalError, ProgrammingError, connection
 from django.test import Client
 
-from switchboard_todos import listen
+from switchboard_todos import waiting
 from switchboard_todos.agents import accounts
 from switchboard_todos.models import Agent, State, Todo
 
@@ -26,7 +26,7 @@ API = "/api"
 @pytest.fixture(autouse=True)
 def _stop_listeners() -> Iterator[None]:
     yield
-    listen.stop_shared_listeners()
+    waiting.stop()
 
 
 class AgentClient:

@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import pytest
-from asgiref.sync import sync_to_async
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from switchboard_todos import listen
+from switchboard_todos import waiting
 from switchboard_todos.agents import accounts
 from switchboard_todos.api import asgi
 from switchboard_todos.models import Agent, State, Todo
@@ -86,8 +85,7 @@ def fast() -> Iterator[asgi.AgentsAPIFirst]:
     app = asgi.AgentsAPIFirst(django_application, threads=2)
     yield app
     app.close()
-    listen.stop_shared_listeners()  # the long polls' listener, before the database goes
-    asyncio.run(sync_to_async(connections.close_all)())  # and their connection, on asgiref's thread
+    waiting.stop()  # the long polls' listener and claim threads, before the database goes
 
 
 @pytest.fixture

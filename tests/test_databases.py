@@ -28,7 +28,7 @@ from django.db.models.functions import Now
 from django.test import Client, override_settings
 from psycopg import sql
 
-from switchboard_todos import listen, placement, queue_settings, schedules, stats
+from switchboard_todos import listen, placement, queue_settings, schedules, stats, waiting
 from switchboard_todos.agents import accounts, service
 from switchboard_todos.checks import check_schema
 from switchboard_todos.compat import task_backends
@@ -70,7 +70,7 @@ def placed(settings: Any) -> Iterator[None]:
     would not know to empty."""
     settings.SWITCHBOARD_TODOS_QUEUE_DATABASES = PLACED
     yield
-    listen.stop_shared_listeners()  # the blocking claims' LISTEN connections
+    waiting.stop()  # the long polls' LISTEN connections and claim threads
     with connections["eu"].cursor() as cursor:
         cursor.execute("TRUNCATE todos, events, todo_schedules, todo_agents, todo_queues")
 

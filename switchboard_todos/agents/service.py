@@ -16,7 +16,8 @@ claim queues live in: a todo id is looked for in each, a list merges theirs, and
 from each in turn.
 
 Every function has an `a`-prefixed async twin; `aclaim` waits for work on the LISTEN path
-without holding a thread.
+holding neither a thread nor a connection (waiting.py). A claim with a wait is admitted only
+while the agent has fewer than SWITCHBOARD_TODOS_AGENT_MAX_WAITS waiting (waits.py).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from asgiref.sync import sync_to_async
 from django.db import connections, router, transaction
 from django.db.models import Q
 
-from switchboard_todos import cursors, placement, validation
-from switchboard_todos.agents import errors, tokens
+from switchboard_todos import cursors, placement, validation, waiting
+from switchboard_todos.agents import errors, tokens, waits
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import (
     InvalidTodo,
@@ -192,19 +193,23 @@ def claim(
     """Claim up to `limit` todos from `queues` (all its claim queues by default), or one by id.
 
     With `wait` (seconds, at most MAX_WAIT), block until a todo is claimable; the list is empty
-    when none became claimable in time. The async twin waits without holding a thread.
+    when none became claimable in time. The async twin waits without holding a thread. An
+    agent with SWITCHBOARD_TODOS_AGENT_MAX_WAITS claims waiting already is Throttled.
     """
     if todo_id is not None:
         return [_claim_one(agent, queues, todo_id, ttl, wait, limit)]
     names, seconds, count = _claim_arguments(agent, queues, wait, limit)
     placed = placement.by_database(names)
     quota = _max_held(agent)
-    claimed = _claim_now(agent, placed, ttl, count, quota)
-    if claimed or not seconds:
-        return claimed
-    if len(placed) == 1:
-        return Todo.objects.claim_batch(names, agent.name, ttl, count, wait=seconds, max_held=quota)
-    return run_now(_claim_across(agent, placed, ttl, seconds, count, quota, blocking=True))
+    with waits.admitted(agent, seconds):
+        claimed = _claim_now(agent, placed, ttl, count, quota)
+        if claimed or not seconds:
+            return claimed
+        if len(placed) == 1:
+            return Todo.objects.claim_batch(
+                names, agent.name, ttl, count, wait=seconds, max_held=quota
+            )
+        return run_now(_claim_across(agent, placed, ttl, seconds, count, quota, blocking=True))
 
 
 async def aclaim(
@@ -216,21 +221,27 @@ async def aclaim(
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
-    """Async twin of `claim`: waits on the LISTEN path, suspended, not blocking a thread."""
+    """Async twin of `claim`: waits on the LISTEN path, suspended, holding neither a thread nor
+    a connection (the request's own is given back before the wait)."""
     if todo_id is not None:
         one = await sync_to_async(_claim_one)(agent, queues, todo_id, ttl, wait, limit)
         return [one]
     names, seconds, count = _claim_arguments(agent, queues, wait, limit)
     placed = placement.by_database(names)
     quota = _max_held(agent)
-    claimed = await sync_to_async(_claim_now)(agent, placed, ttl, count, quota)
-    if claimed or not seconds:
-        return claimed
-    if len(placed) == 1:
-        return await Todo.objects.aclaim_batch(
-            names, agent.name, ttl, count, wait=seconds, max_held=quota
-        )
-    return await _claim_across(agent, placed, ttl, seconds, count, quota, blocking=False)
+    async with waits.awaiting(agent, seconds):
+        if not seconds:
+            return await sync_to_async(_claim_now)(agent, placed, ttl, count, quota)
+        # A long poll claims on the claim threads from the first claim on (waiting.py).
+        claims = waiting.claim_threads()
+        claimed = await claims.run(agent.name, _claim_now, agent, placed, ttl, count, quota)
+        if claimed:
+            return claimed
+        if len(placed) == 1:
+            return await Todo.objects.aclaim_batch(
+                names, agent.name, ttl, count, wait=seconds, max_held=quota
+            )
+        return await _claim_across(agent, placed, ttl, seconds, count, quota, blocking=False)
 
 
 def _claim_now(
@@ -262,7 +273,8 @@ async def _claim_across(
     while `seconds` last, a wait of at most ACROSS_WAIT in each database in turn (woken at once
     by its notifications), so a todo in another one waits at most ACROSS_WAIT.
 
-    `blocking` waits on this thread (run with `run_now`); otherwise suspended, as `aclaim`.
+    `blocking` waits on this thread (run with `run_now`); otherwise suspended, as `aclaim`, its
+    claims on the process's claim threads.
     """
     deadline = time.monotonic() + seconds
     turns = itertools.cycle(placed.items())
@@ -270,7 +282,8 @@ async def _claim_across(
         if blocking:
             claimed = _claim_each(agent, placed, ttl, count, quota)
         else:
-            claimed = await sync_to_async(_claim_each)(agent, placed, ttl, count, quota)
+            claims = waiting.claim_threads()
+            claimed = await claims.run(agent.name, _claim_each, agent, placed, ttl, count, quota)
         remaining = deadline - time.monotonic()
         if claimed or remaining <= 0:
             return claimed

@@ -42,7 +42,6 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest, get_script_prefix
@@ -66,8 +65,8 @@ from switchboard_todos.api.schemas import (
     Request,
 )
 from switchboard_todos.exceptions import NotAuthenticated, TodoError
-from switchboard_todos.managers import give_back_if_pooled
 from switchboard_todos.models import Agent, Todo
+from switchboard_todos.waiting import finish_with_connections
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -225,31 +224,19 @@ def _perform(
             agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit
         )
     finally:
-        _finish_with_connections()
+        finish_with_connections()
 
 
 async def _wait_and_claim(agent: Agent, arguments: Request | HttpResponse) -> list[Todo]:
+    """The long poll: its claims run on the process's claim threads (waiting.py), not here."""
     assert isinstance(arguments, ClaimIn)
-    try:
-        return await service.aclaim(
-            agent,
-            queues=arguments.queues,
-            ttl=arguments.ttl,
-            wait=arguments.wait,
-            limit=arguments.limit,
-        )
-    finally:
-        await sync_to_async(_finish_with_connections)()
-
-
-def _finish_with_connections() -> None:
-    """What Django does with this thread's connections after a request: close those a database
-    error left unusable, and give pooled ones back to the pool. An unpooled one stays open for
-    the thread's next request, as a worker's does."""
-    for connection in connections.all(initialized_only=True):
-        if connection.errors_occurred:
-            connection.close_if_unusable_or_obsolete()
-        give_back_if_pooled(connection)
+    return await service.aclaim(
+        agent,
+        queues=arguments.queues,
+        ttl=arguments.ttl,
+        wait=arguments.wait,
+        limit=arguments.limit,
+    )
 
 
 class HTTPS(NamedTuple):
