@@ -42,19 +42,25 @@ class BenchError(RuntimeError):
 
 @dataclass
 class Target:
-    """What a figure should reach: `ours / raw >= ratio`, or `ours < below` (latencies)."""
+    """What a figure should reach: `ours / raw >= ratio`, `ours / raw <= at_most` (a latency
+    against a reference one), or `ours < below` (latencies)."""
 
     ratio: float | None = None
     below: float | None = None
+    at_most: float | None = None
 
     def describe(self, unit: str) -> str:
         if self.ratio is not None:
             return f">= {self.ratio:.2f}x"
+        if self.at_most is not None:
+            return f"<= {self.at_most:.2f}x"
         return f"< {self.below:g} {unit}"
 
     def met(self, row: Row) -> bool:
         if self.ratio is not None:
             return row.ratio >= self.ratio
+        if self.at_most is not None:
+            return row.ratio <= self.at_most
         assert self.below is not None
         return statistics.median(row.ours) < self.below
 
@@ -230,12 +236,14 @@ class Pool:
         *,
         timeout: float = 600,
         during: Callable[[], None] | None = None,
+        duration: float | None = None,
     ) -> tuple[float, list[Any]]:
         """Run `task(child, **kwargs[i])` on len(kwargs) processes at once.
 
         Returns the seconds from the start signal until the children counted `total`
-        committed todos, and each task's return value. `during`, if given, runs in this
-        process once the children have started (the pickup scenario enqueues there).
+        committed todos (or, with `duration`, until that many seconds passed if sooner), and
+        each task's return value. `during`, if given, runs in this process once the children
+        have started (the pickup scenario enqueues there).
         """
         count = len(kwargs)
         if count > self.size:
@@ -257,7 +265,9 @@ class Pool:
         try:
             if during is not None:
                 during()
-            while sum(self._counts[:count]) < total:
+            while sum(self._counts[:count]) < total and (
+                duration is None or time.monotonic() - started < duration
+            ):
                 for index in range(count):
                     if index not in results and self._pipes[index].poll():
                         results[index] = self._receive(index, deadline)[1]

@@ -66,6 +66,10 @@ if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
 WEBHOOK_SECRETS: dict[str, str] = env.dict("WEBHOOK_SECRETS", default={})
 WEBHOOK_MAX_BYTES = env.int("WEBHOOK_MAX_BYTES", default=1024 * 1024)
 
+# Prometheus scrapes /metrics with the header Authorization: Bearer <METRICS_TOKEN>; staff users
+# logged in to the admin see it too. Unset, only staff users do (docs/operating.md).
+SWITCHBOARD_TODOS_METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

@@ -8,7 +8,7 @@ from switchboard_todos import metrics
 
 webhook_patterns = [path("hooks/<slug:source>/", views.webhook, name="webhook")]
 
-# Prometheus scrapes the queue's numbers here; keep it off the public internet (docs/operating.md).
+# Prometheus scrapes the queue's numbers here, with the metrics token (docs/operating.md).
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", metrics.view, name="metrics"),

@@ -4,7 +4,7 @@
         "default": {
             "BACKEND": "switchboard_todos.backends.TodoBackend",
             "QUEUES": ["default"],
-            "OPTIONS": {"max_attempts": 5},
+            "OPTIONS": {"max_attempts": 5},  # default: the queue's (Queue), else 5
         }
     }
 
@@ -41,7 +41,7 @@ from switchboard_todos.compat import (
     task_finished,
     task_started,
 )
-from switchboard_todos.exceptions import InvalidTodo, LeaseExpired
+from switchboard_todos.exceptions import InvalidTodo, LeaseExpired, TodoCancelled
 from switchboard_todos.handlers import TASKS_SOURCE
 from switchboard_todos.models import State, Todo
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
@@ -54,8 +54,9 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: OPTIONS and their defaults.
-OPTIONS = {"max_attempts": DEFAULT_MAX_ATTEMPTS}
+#: OPTIONS and their defaults; a `max_attempts` of None leaves it to each task's queue (Queue),
+#: else DEFAULT_MAX_ATTEMPTS.
+OPTIONS: dict[str, int | None] = {"max_attempts": None}
 
 STATUS = {
     State.PENDING: TaskResultStatus.READY,
@@ -64,7 +65,12 @@ STATUS = {
     State.FAILED: TaskResultStatus.FAILED,
 }
 
-_LEASE_EXPIRED = f"{LeaseExpired.__module__}.{LeaseExpired.__qualname__}"
+#: The errors the core records by a short name (the reaper's, an operator's cancel), as the
+#: classes a TaskError names.
+_RECORDED = {
+    "LeaseExpired": f"{LeaseExpired.__module__}.{LeaseExpired.__qualname__}",
+    "Cancelled": f"{TodoCancelled.__module__}.{TodoCancelled.__qualname__}",
+}
 
 
 class TodoBackend(BaseTaskBackend):
@@ -162,12 +168,18 @@ class TodoBackend(BaseTaskBackend):
             )
         max_attempts = self.options.get("max_attempts", OPTIONS["max_attempts"])
         try:
-            validation.whole_number(max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT)
+            if max_attempts is not None:
+                validation.whole_number(
+                    max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT
+                )
         except InvalidTodo as error:
             errors.append(
                 checks.Error(
                     f"{where}['OPTIONS']['max_attempts']: {error}",
-                    hint="Attempts per task before it is dead-lettered; 1 means no retries.",
+                    hint=(
+                        "Attempts per task before it is dead-lettered; 1 means no retries, None "
+                        f"the queue's default (else {DEFAULT_MAX_ATTEMPTS})."
+                    ),
                     id="switchboard_todos.E103",
                 )
             )
@@ -218,14 +230,18 @@ def task_result(todo: Todo, task: AnyTask) -> AnyResult:
     """Describe `todo` as django.tasks does: status, attempts, errors, return value.
 
     `worker_ids` has one owner per attempt of the current attempt budget, so that
-    TaskContext.attempt equals `todo.attempt`; `errors` is the whole failure history, one
-    TaskError per failed or lapsed attempt, including those before an operator's requeue.
+    TaskContext.attempt equals `todo.attempt`: an attempt whose entry the history no longer
+    keeps (SWITCHBOARD_TODOS_MAX_ERRORS_KEPT) has an empty one. `errors` is the failure
+    history, one TaskError per failed or lapsed attempt it keeps, including those before an
+    operator's requeue. `started_at` is the first kept attempt's claim.
     """
     held = todo.state in (State.CLAIMED, State.DONE)
     history: list[dict[str, Any]] = todo.errors or []
-    earlier = max(0, min(len(history), todo.attempt - (1 if held else 0)))
+    wanted = max(0, todo.attempt - (1 if held else 0))
+    earlier = min(len(history), wanted)
     attempts = history[len(history) - earlier :]
-    worker_ids = [str(entry.get("owner") or "") for entry in attempts]
+    dropped = min(wanted - earlier, todo.errors_dropped)
+    worker_ids = [""] * dropped + [str(entry.get("owner") or "") for entry in attempts]
     if held:
         worker_ids.append(todo.owner or "")
     if attempts:
@@ -316,8 +332,8 @@ def _task_error(entry: dict[str, Any]) -> TaskError:
     """One entry of `todos.errors` as a TaskError, whose class path must import."""
     error = entry.get("error") or {}
     kind = str(error.get("type") or "")
-    if kind == "LeaseExpired":
-        path = _LEASE_EXPIRED
+    if kind in _RECORDED:
+        path = _RECORDED[kind]
     elif "." in kind:
         path = kind
     else:

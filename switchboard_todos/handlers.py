@@ -13,11 +13,23 @@ A handler receives the claimed `Todo` and returns the JSON result stored by `com
 exception fails the attempt (retried with backoff, dead-lettered at `max_attempts`). Todos are
 delivered at least once, so a handler must be safe to run twice for the same todo. A handler
 may be a coroutine function (`async def`); the worker runs it to completion on its thread.
+
+While it runs, a handler may call `report_progress(note)` (sent with the todo's next heartbeat)
+and `todo_cancelled()` (whether an operator cancelled the todo: stop and return):
+
+    @handler("reports.build")
+    def build(todo):
+        for number, part in enumerate(parts(todo), 1):
+            report_progress({"parts done": number})  # raises TodoCancelled once cancelled
+            render(part)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,6 +37,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
 from switchboard_todos import validation
+from switchboard_todos.exceptions import TodoCancelled
 
 if TYPE_CHECKING:
     from switchboard_todos.models import Todo
@@ -87,3 +100,62 @@ def get_timeout(kind: str) -> float | None:
 def autodiscover() -> None:
     """Import the `todo_handlers` module of every installed app that has one."""
     autodiscover_modules("todo_handlers")
+
+
+class Running:
+    """What the worker and the handler running one todo share: whether an operator cancelled
+    the todo (the worker learns it at a heartbeat), and the handler's latest progress note."""
+
+    __slots__ = ("todo_id", "cancelled", "progress")
+
+    def __init__(self, todo_id: str) -> None:
+        self.todo_id = todo_id
+        self.cancelled = False
+        #: The latest note, as JSON will store it (a snapshot: the handler may change its own).
+        self.progress: Any = None
+
+
+#: The todo the handler on this thread (or in this coroutine) runs. A context variable rather
+#: than a thread-local, so that it reaches a coroutine handler run through async_to_sync.
+_running: ContextVar[Running | None] = ContextVar("switchboard_todos_running", default=None)
+
+
+@contextmanager
+def running(todo: Running) -> Iterator[None]:
+    """Run a handler with `todo` as what `todo_cancelled` and `report_progress` speak of."""
+    token = _running.set(todo)
+    try:
+        yield
+    finally:
+        _running.reset(token)
+
+
+def todo_cancelled() -> bool:
+    """Whether an operator cancelled the todo this handler runs: then stop work and return.
+
+    The worker learns it at the todo's next heartbeat (every third of the lease), stops waiting
+    for the handler and drops its outcome. False outside a worker's handler.
+    """
+    todo = _running.get()
+    return todo is not None and todo.cancelled
+
+
+def report_progress(note: Any) -> None:
+    """Keep `note` as the latest progress note of the todo this handler runs.
+
+    Any JSON value of at most SWITCHBOARD_TODOS_MAX_PROGRESS_BYTES (InvalidTodo otherwise);
+    the worker stores it with the todo's next heartbeat, for the admin and the agents to read.
+    Raises TodoCancelled once an operator cancelled the todo: the place to stop. Outside a
+    worker's handler it checks the note and does nothing more.
+    """
+    text = validation.progress(note)
+    todo = _running.get()
+    if todo is None:
+        return
+    if todo.cancelled:
+        raise TodoCancelled(
+            f"Todo {todo.todo_id} was cancelled by an operator: stop work on it.",
+            todo_id=todo.todo_id,
+        )
+    if text is not None:
+        todo.progress = json.loads(text)

@@ -1,22 +1,22 @@
-"""Instant wake-up on new work: one LISTEN connection fanned out to every waiter in the process.
+"""Instant wake-up on new work: one LISTEN connection fanned out to the waiters of a process.
 
 The statements of `sql/todos.sql` that make todos claimable right now send
 `NOTIFY switchboard_todos, '<queue>'`, delivered when their transaction commits. A `Listener`
-holds one dedicated connection that LISTENs on that channel and rings the `Doorbell` of each
-waiter interested in the queue. Waiters also poll: a todo whose retry time arrives or whose
-lease lapses sends no notification, nor does anything committed while the listener was
+holds one dedicated connection that LISTENs on that channel and tells each subscriber which
+queue has new work: a worker's `Doorbell`, or the `Waiters` of the long polls (waiting.py),
+which hand the wake-up to one of them. Waiters also poll: a todo whose retry time arrives or
+whose lease lapses sends no notification, nor does anything committed while the listener was
 reconnecting. Without LISTEN (PgBouncer in transaction mode cannot deliver notifications)
 everything still works, at polling latency.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -40,8 +40,18 @@ _TICK = 0.25
 _RECONNECT_MAX = 5.0
 
 
+class Subscriber(Protocol):
+    """What a `Listener` tells: new work in a queue, or anything may have been missed."""
+
+    def notify(self, queue: str) -> None:
+        """A statement made todos of `queue` claimable."""
+
+    def ring_all(self) -> None:
+        """The connection came back: notifications may have been lost meanwhile."""
+
+
 class Doorbell:
-    """Wakes the threads and coroutines waiting for work in some queues.
+    """Wakes the threads of a worker waiting for work in some queues, one per ring.
 
     A ring nobody is waiting for is kept (up to `capacity`), so work that arrives between a
     waiter's empty claim and its wait is not missed.
@@ -60,24 +70,21 @@ class Doorbell:
         self._capacity = capacity
         self._rings = 0
         self._condition = threading.Condition()
-        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def notify(self, queue: str) -> None:
+        """Ring once for new work in a queue it `wants`."""
+        if self.wants(queue):
+            self.ring()
 
     def ring(self, count: int = 1) -> None:
         """Wake up to `count` waiters, or keep the rings for the next ones."""
         with self._condition:
-            for _ in range(count):
-                if self._async_waiters:
-                    loop, future = self._async_waiters.pop(0)
-                    loop.call_soon_threadsafe(_resolve, future)
-                elif self._rings < self._capacity:
-                    self._rings += 1
+            self._rings = min(self._capacity, self._rings + count)
             self._condition.notify(count)
 
     def ring_all(self) -> None:
         """Wake every waiter (after a reconnect, or to stop)."""
-        with self._condition:
-            count = self._capacity + len(self._async_waiters)
-        self.ring(count)
+        self.ring(self._capacity)
 
     def wait(self, timeout: float) -> bool:
         """Block until rung or `timeout` seconds pass; True if rung."""
@@ -88,26 +95,6 @@ class Doorbell:
                 self._rings -= 1
                 return True
             return False
-
-    async def await_ring(self, timeout: float) -> bool:
-        """`wait` for coroutines: suspend, not block, until rung or `timeout` seconds pass."""
-        loop = asyncio.get_running_loop()
-        with self._condition:
-            if self._rings:
-                self._rings -= 1
-                return True
-            future: asyncio.Future[None] = loop.create_future()
-            waiter = (loop, future)
-            self._async_waiters.append(waiter)
-        try:
-            await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            with self._condition:
-                if waiter not in self._async_waiters:
-                    return True  # rung just as the wait ended
-                self._async_waiters.remove(waiter)
-            return False
-        return True
 
 
 class PollSchedule:
@@ -136,45 +123,11 @@ class PollSchedule:
         return pause
 
 
-class BlockingClaim:
-    """The waiting of one `claim_next(..., wait=)` call: a doorbell, a deadline, a schedule.
-
-    Subscribe before the claim that follows the first empty one: a todo committed between
-    the two is then either seen by that claim or notified.
-    """
-
-    def __init__(self, alias: str, queues: Iterable[str], seconds: float, *, listen: bool) -> None:
-        self.doorbell = Doorbell(queues)
-        self._listener = shared_listener(alias) if listen else None
-        self._schedule = PollSchedule(POLL_MAX, [self._listener] if self._listener else [])
-        self._deadline = time.monotonic() + seconds
-
-    def start(self) -> None:
-        if self._listener is not None:
-            self._listener.subscribe(self.doorbell)
-
-    def pause(self) -> float | None:
-        """Seconds to wait before claiming again, or None when the wait is over."""
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        return min(remaining, self._schedule.pause())
-
-    def close(self) -> None:
-        if self._listener is not None:
-            self._listener.unsubscribe(self.doorbell)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
 class Listener:
-    """One LISTEN connection to database `alias`, on a thread, ringing subscribed doorbells.
+    """One LISTEN connection to database `alias`, on a thread, telling its subscribers.
 
     The thread starts with the first subscriber and reconnects with backoff when the
-    connection drops, ringing every doorbell once it listens again. It stops `linger` seconds
+    connection drops, ringing every subscriber once it listens again. It stops `linger` seconds
     after the last subscriber left, or at `stop()`.
     """
 
@@ -182,7 +135,7 @@ class Listener:
         self.alias = alias
         self._linger = linger
         self._lock = threading.Lock()
-        self._doorbells: set[Doorbell] = set()
+        self._subscribers: set[Subscriber] = set()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._listening = threading.Event()
@@ -192,26 +145,30 @@ class Listener:
         """Whether notifications are being received right now."""
         return self._listening.is_set()
 
-    def subscribe(self, doorbell: Doorbell, *, timeout: float = CONNECT_TIMEOUT) -> bool:
-        """Ring `doorbell` on notifications for its queues; True once listening.
+    def subscribe(self, subscriber: Subscriber, *, timeout: float = CONNECT_TIMEOUT) -> bool:
+        """Tell `subscriber` of every notification; True once listening.
 
         Waits up to `timeout` for the connection: work committed after a True return is
         always notified.
         """
         with self._lock:
-            self._doorbells.add(doorbell)
+            self._subscribers.add(subscriber)
             if self._thread is None:
                 self._stopping.clear()
                 self._thread = threading.Thread(
                     target=self._run, name=f"switchboard-todos-listener-{self.alias}", daemon=True
                 )
                 self._thread.start()
+        return self.listening_within(timeout)
+
+    def listening_within(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the connection to listen; whether it does."""
         return self._listening.wait(timeout)
 
-    def unsubscribe(self, doorbell: Doorbell) -> None:
-        """Stop ringing `doorbell`."""
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        """Stop telling `subscriber`."""
         with self._lock:
-            self._doorbells.discard(doorbell)
+            self._subscribers.discard(subscriber)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close the connection and end the thread, whoever is subscribed."""
@@ -228,7 +185,7 @@ class Listener:
         try:
             while True:
                 with self._lock:
-                    if self._doorbells:
+                    if self._subscribers:
                         idle_since = None
                     elif idle_since is None:
                         idle_since = time.monotonic()
@@ -274,18 +231,18 @@ class Listener:
             raise
         with self._lock:
             self._listening.set()
-            doorbells = list(self._doorbells)
+            subscribers = list(self._subscribers)
         if reconnect:
             logger.info("LISTEN connection restored")
-            for doorbell in doorbells:
-                doorbell.ring_all()
+            for subscriber in subscribers:
+                subscriber.ring_all()
         return wrapper
 
     def _dispatch(self, queue: str) -> None:
         with self._lock:
-            doorbells = [doorbell for doorbell in self._doorbells if doorbell.wants(queue)]
-        for doorbell in doorbells:
-            doorbell.ring()
+            subscribers = list(self._subscribers)
+        for subscriber in subscribers:
+            subscriber.notify(queue)
 
 
 def _close(wrapper: BaseDatabaseWrapper | None) -> None:
@@ -306,12 +263,12 @@ def _close(wrapper: BaseDatabaseWrapper | None) -> None:
 _shared: dict[str, Listener] = {}
 _shared_lock = threading.Lock()
 #: The shared listener keeps its connection this long after the last waiter, so a stream of
-#: long polls does not reconnect for each.
+#: long polls does not reconnect for each (the claim threads of waiting.py linger as long).
 SHARED_LINGER = 10.0
 
 
 def shared_listener(alias: str = DEFAULT_DB_ALIAS) -> Listener:
-    """The process-wide listener of database `alias` that blocking claims subscribe to."""
+    """The process-wide listener of database `alias` that the long polls' waiters subscribe to."""
     with _shared_lock:
         if alias not in _shared:
             _shared[alias] = Listener(alias, linger=SHARED_LINGER)

@@ -18,15 +18,13 @@ from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeV
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 
-from switchboard_todos import cursors, faults, graphs, placement, signals, validation
+from switchboard_todos import cursors, faults, graphs, placement, signals, validation, waiting
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
-from switchboard_todos.listen import BlockingClaim
 from switchboard_todos.marks import marks
 from switchboard_todos.querysets import TodoQuerySet
 from switchboard_todos.sql import queries
@@ -67,13 +65,16 @@ class ReapResult(NamedTuple):
 
 
 class Heartbeats(NamedTuple):
-    """What `heartbeat_many` did: the leases it extended, and the todos the owner lost.
+    """What `heartbeat_many` did: the leases it extended, the todos the owner lost, and those
+    an operator cancelled while the owner held them (stop work on them; their complete and
+    fail are refused).
 
-    An id in neither list was locked by another session; the next beat tries it again.
+    An id in none of the lists was locked by another session; the next beat tries it again.
     """
 
     extended: list[str]
     lost: list[str]
+    cancelled: list[str]
 
 
 class BatchResult(NamedTuple):
@@ -116,7 +117,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         source: str = "",
         idempotency_key: str | None = None,
         assignee: str | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
         priority: int = 0,
         concurrency_key: str | None = None,
         event: Event | str | None = None,
@@ -126,7 +127,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
     ) -> tuple[Todo, bool]:
         """Enqueue a todo; with an idempotency key held by a live todo, return that one instead.
 
-        Returns (todo, created). Concurrent calls with one key make exactly one row. With
+        Returns (todo, created). Concurrent calls with one key make exactly one row. Without
+        `max_attempts`, the todo gets its queue's default (Queue), else DEFAULT_MAX_ATTEMPTS. With
         `after` (todo ids), the todo waits: it is claimable once each of them is done, and when
         one ends as a dead letter it is cancelled too, or (`on_parent_failure="run_anyway"`)
         no longer waits for that one (docs/dependencies.md).
@@ -190,6 +192,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
         columns = {
             **self._batch_columns(batch, ids),
             "run_afters": [p["run_after"] for p in batch],
+            "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
+            "notify": conf.LISTEN,
         }
         by_id: dict[str, Todo] = {}
         live: dict[tuple[str, str | None], Todo] = {}
@@ -222,6 +226,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
             "children": [json.dumps(children) for children in graph.children],
             "policies": [params["on_parent_failure"] for params in batch],
             "existing": graph.existing,
+            "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
         }
         created: list[tuple[Todo, Any]] = []
         try:
@@ -271,7 +276,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
         returns no Todos and cannot deduplicate, so a todo with an idempotency key is refused
         (use `create_many`). Each mapping takes `create_todo`'s arguments and is validated
         before anything is written; the batch commits as one, with the caller's transaction if
-        there is one. A `run_after` in the past makes the todo claimable at once.
+        there is one. A `run_after` in the past makes the todo claimable at once. Rows without
+        `max_attempts` take their queue's default, looked up in one query before the COPY.
         """
         batch = validation.creations(todos)
         for number, params in enumerate(batch):
@@ -293,6 +299,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         """Run `enqueue_many` with validated rows, all of this manager's database."""
         if not rows:
             return 0
+        rows = self._with_queue_max_attempts(rows)
         # Columns at their database default in every row are left to the default, as a
         # hand-written COPY would: the fewer columns, the less to send and to parse.
         columns = [
@@ -320,6 +327,22 @@ class TodoManager(_TodoManagerBase["Todo"]):
             with self._cursor() as cursor:
                 cursor.execute(queries["notify_queues"], {"queues": ready})
         return len(rows)
+
+    def _with_queue_max_attempts(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`rows`, each without max_attempts given its queue's default (Queue), else
+        DEFAULT_MAX_ATTEMPTS: one query for the batch, none when every row gives its own."""
+        wanted = sorted({row["queue"] for row in rows if row["max_attempts"] is None})
+        if not wanted:
+            return rows
+        with self._cursor() as cursor:
+            cursor.execute(queries["queue_max_attempts"], {"queues": wanted})
+            defaults: dict[str, int] = dict(cursor.fetchall())
+        return [
+            row
+            if row["max_attempts"] is not None
+            else {**row, "max_attempts": defaults.get(row["queue"], DEFAULT_MAX_ATTEMPTS)}
+            for row in rows
+        ]
 
     def _placed(self, queues: Sequence[str]) -> TodoManager:
         """This manager on the database `queues` live in (placement.py); itself when pinned
@@ -419,7 +442,12 @@ class TodoManager(_TodoManagerBase["Todo"]):
         # waits for it and skips the insert, yet the fallback SELECT cannot see it. Running the
         # statement again sees it (or inserts, if the twin has finished meanwhile).
         name = "create_todo" if params["parents"] is None else "create_child"
-        params = {**params, "notify": conf.LISTEN, "id": new_todo_id()}
+        params = {
+            **params,
+            "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
+            "notify": conf.LISTEN,
+            "id": new_todo_id(),
+        }
         for _ in range(3):
             rows = self._run(name, params, extra="created")
             if rows:
@@ -512,14 +540,6 @@ class TodoManager(_TodoManagerBase["Todo"]):
         claimed = await self.aclaim_batch(queues, owner, ttl, limit=1, wait=wait, max_held=max_held)
         return claimed[0] if claimed else None
 
-    def _give_back_pooled_connection(self) -> None:
-        """Between the polls of an async blocking claim, return a pooled connection to the pool.
-
-        Under ASGI, each request holds its connection until it ends: without this, every
-        waiting long poll would hold one, and a few would exhaust the pool.
-        """
-        give_back_if_pooled(connections[self._db_alias])
-
     async def _claim_batch(
         self,
         io: _Blocking,
@@ -530,7 +550,12 @@ class TodoManager(_TodoManagerBase["Todo"]):
         wait: Seconds | None,
         max_held: int | None,
     ) -> list[Todo]:
-        """`claim_batch` and its twin, one code: `io` claims, subscribes and waits, each its way."""
+        """`claim_batch` and its twin, one code: `io` claims and waits, each its way.
+
+        A claim with a wait is a long poll of the process's waiters (waiting.py): it joins
+        them before its first claim, so that a todo committed after that claim began is
+        notified to it, then waits for a ring or its turn to poll.
+        """
         params = _leased(
             validation.arguments(
                 queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait, max_held=max_held
@@ -542,26 +567,29 @@ class TodoManager(_TodoManagerBase["Todo"]):
         seconds = params.pop("wait")
         if not seconds:
             return await io.claim(params)
-        claimed, fault, backoff = await io.claim_through_faults(params)
-        if claimed:
-            return claimed
-        waiting = BlockingClaim(placed._db_alias, params["queues"], seconds, listen=conf.LISTEN)
-        await io.start(waiting)
+        poll = waiting.LongPoll(
+            placed._db_alias, params["owner"], params["queues"], seconds, listening=conf.LISTEN
+        )
+        await io.join(poll)
         try:
             while True:
-                if fault is None:  # the claim after subscribing, or after a ring
-                    claimed, fault, backoff = await io.claim_through_faults(params)
-                    if claimed:
-                        return claimed
-                pause = waiting.pause()
-                if pause is None:
-                    if fault is not None:
-                        raise fault  # still down at the end of the wait: the caller learns so
+                claimed, fault, backoff = await io.claim_through_faults(params)
+                poll.claimed([todo.queue for todo in claimed], params["limit"])
+                if claimed:
                     return claimed
-                await io.ring(waiting, pause if fault is None else min(pause, backoff))
-                fault = None
+                while True:  # until rung, or its turn to poll
+                    pause = poll.pause()
+                    if pause is None:
+                        if fault is not None:
+                            raise fault  # still down at the end of the wait: the caller learns so
+                        return claimed
+                    if fault is not None:
+                        await io.wait(poll, min(pause, backoff))
+                        break
+                    if await io.wait(poll, pause):
+                        break
         finally:
-            waiting.close()
+            poll.leave()
 
     def claim_filtered(
         self, queryset: TodoQuerySet, owner: str, ttl: Seconds | None, limit: int
@@ -661,30 +689,58 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
     # The owner's verbs
 
-    def heartbeat(self, todo_id: str, owner: str, ttl: Seconds | None = None) -> Todo:
-        """Extend the lease on a todo `owner` holds to `ttl` from now."""
-        params = _leased(validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl))
+    def heartbeat(
+        self, todo_id: str, owner: str, ttl: Seconds | None = None, *, progress: Any = None
+    ) -> Todo:
+        """Extend the lease on a todo `owner` holds to `ttl` from now.
+
+        `progress` (any JSON value, at most SWITCHBOARD_TODOS_MAX_PROGRESS_BYTES) becomes the
+        todo's latest progress note; without it the last note stays. A todo an operator
+        cancelled raises TodoCancelled: stop work on it.
+        """
+        params = _leased(
+            validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl, progress=progress)
+        )
         return self._transition("heartbeat", params) or self._classify_miss(
             "heartbeat", todo_id, owner
         )
 
     def heartbeat_many(
-        self, owner: str, ttl: Seconds | None, todo_ids: Iterable[str]
+        self,
+        owner: str,
+        ttl: Seconds | None,
+        todo_ids: Iterable[str],
+        *,
+        progress: Mapping[str, Any] | None = None,
     ) -> Heartbeats:
         """Extend the leases of the todos `owner` holds among `todo_ids`, in one statement.
 
-        The statement never waits on a row lock: a todo another session holds locked is left
-        out of both lists of the answer, to be tried again at the next beat. `lost` names the
-        todos `owner` no longer holds.
+        `progress` maps some of the ids to their latest progress notes. The statement never
+        waits on a row lock: a todo another session holds locked is left out of every list of
+        the answer, to be tried again at the next beat. `lost` names the todos `owner` no
+        longer holds, `cancelled` those an operator cancelled while `owner` held them.
         """
-        params = _leased(validation.arguments(owner=owner, ttl=ttl, todo_ids=todo_ids))
+        checked = validation.arguments(
+            owner=owner, ttl=ttl, todo_ids=todo_ids, progress_by_id=progress
+        )
+        ids = checked["todo_ids"]
+        params = _leased(
+            {
+                "owner": checked["owner"],
+                "ttl": checked["ttl"],
+                "todo_ids": ids,
+                "progress": checked["progress_by_id"],
+            }
+        )
         with self._cursor() as cursor:
             cursor.execute(queries["heartbeat_many"], params)
-            held = cursor.fetchall()
-        extended = [todo_id for todo_id, done in held if done]
-        still_held = {todo_id for todo_id, _ in held}
-        lost = [todo_id for todo_id in params["todo_ids"] if todo_id not in still_held]
-        return Heartbeats(extended=extended, lost=lost)
+            seen = cursor.fetchall()
+        answered = {todo_id for todo_id, _, _ in seen}
+        return Heartbeats(
+            extended=[todo_id for todo_id, extended, _ in seen if extended],
+            lost=[todo_id for todo_id in ids if todo_id not in answered],
+            cancelled=[todo_id for todo_id, _, cancelled in seen if cancelled],
+        )
 
     def complete(self, todo_id: str, owner: str, result: Any = None) -> Todo:
         """Mark a todo `owner` holds done, storing `result` (any JSON value); the todos waiting
@@ -732,7 +788,9 @@ class TodoManager(_TodoManagerBase["Todo"]):
         `error` is a message, a dict, or an exception; `retry_in` overrides the backoff.
         """
         params = {
-            **validation.arguments(todo_id=todo_id, owner=owner, error=error, retry_in=retry_in),
+            **_history(
+                validation.arguments(todo_id=todo_id, owner=owner, error=error, retry_in=retry_in)
+            ),
             "delays": retry_schedule(
                 base=conf.BACKOFF_BASE, cap=conf.BACKOFF_MAX, jitter=conf.BACKOFF_JITTER
             ),
@@ -757,7 +815,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         one commit) each, so that no sweep holds many rows locked at once.
         """
         requeued = dead_lettered = 0
-        params = {"notify": conf.LISTEN, "limit": conf.REAP_BATCH}
+        params = _history({"notify": conf.LISTEN, "limit": conf.REAP_BATCH})
         while True:
             with self._cursor() as cursor:
                 cursor.execute(queries["reap_expired"], params)
@@ -804,22 +862,24 @@ class TodoManager(_TodoManagerBase["Todo"]):
         expired = self._rows("expire_lease", {"ids": ids, "notify": conf.LISTEN})
         return self._batch_result("expire_lease", ids, expired)
 
-    def dead_letter(self, todo_id: str, reason: str) -> Todo:
-        """Cancel a pending todo: failed (a dead letter), `reason` kept as its result and error."""
+    def cancel(self, todo_id: str, reason: str) -> Todo:
+        """Cancel a pending or claimed todo: failed (a dead letter), `reason` kept as its result
+        and error. Its holder, if any, is told at its next heartbeat (TodoCancelled), and its
+        complete and fail are refused."""
         checked = validation.arguments(todo_id=todo_id, reason=reason)
-        params = {"ids": [checked["todo_id"]], "reason": checked["reason"], "notify": conf.LISTEN}
-        return self._transition("dead_letter", params) or self._classify_miss(
-            "dead_letter", todo_id, None
+        params = _history(
+            {"ids": [checked["todo_id"]], "reason": checked["reason"], "notify": conf.LISTEN}
         )
+        return self._transition("cancel", params) or self._classify_miss("cancel", todo_id, None)
 
-    def dead_letter_many(self, todo_ids: Iterable[str], reason: str) -> BatchResult:
-        """Cancel many pending todos in one statement."""
+    def cancel_many(self, todo_ids: Iterable[str], reason: str) -> BatchResult:
+        """Cancel many pending or claimed todos in one statement."""
         checked = validation.arguments(todo_ids=todo_ids, reason=reason)
         ids = checked["todo_ids"]
         changed = self._rows(
-            "dead_letter", {"ids": ids, "reason": checked["reason"], "notify": conf.LISTEN}
+            "cancel", _history({"ids": ids, "reason": checked["reason"], "notify": conf.LISTEN})
         )
-        return self._batch_result("dead_letter", ids, changed)
+        return self._batch_result("cancel", ids, changed)
 
     def set_priority(self, todo_id: str, priority: int) -> Todo:
         """Give a pending todo a new priority (-100 to 100; higher is claimed sooner)."""
@@ -966,17 +1026,19 @@ class TodoManager(_TodoManagerBase["Todo"]):
         return self._classify_miss(name, todo_id, owner)
 
     def _classify_miss(self, operation: str, todo_id: str, owner: str | None) -> Todo:
-        """Raise TodoNotFound or a TodoConflict that says what stood in the way."""
+        """Raise TodoNotFound or a TodoConflict (TodoCancelled) that says what stood in the way."""
         return self._explain_miss(operation, todo_id, owner, self._seen([todo_id]).get(todo_id))
 
     def _explain_miss(
         self, operation: str, todo_id: str, owner: str | None, seen: dict[str, Any] | None
     ) -> Todo:
-        """Raise TodoNotFound, or a TodoConflict saying what of `seen` stood in the way."""
+        """Raise TodoNotFound, or a TodoConflict (TodoCancelled) saying what of `seen` stood in
+        the way."""
         if seen is None:
             raise TodoNotFound(todo_id)
-        raise TodoConflict(
-            TRANSITIONS[operation].conflict(seen, owner),
+        transition = TRANSITIONS[operation]
+        raise transition.error(seen, owner)(
+            transition.conflict(seen, owner),
             todo_id=todo_id,
             state=seen["state"],
             owner=seen["owner"],
@@ -999,8 +1061,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
     arequeue_many = _async_twin(requeue_many)
     aexpire_lease = _async_twin(expire_lease)
     aexpire_lease_many = _async_twin(expire_lease_many)
-    adead_letter = _async_twin(dead_letter)
-    adead_letter_many = _async_twin(dead_letter_many)
+    acancel = _async_twin(cancel)
+    acancel_many = _async_twin(cancel_many)
     aset_priority = _async_twin(set_priority)
     aset_priority_many = _async_twin(set_priority_many)
 
@@ -1010,7 +1072,8 @@ _BLOCKING_OUTAGE = faults.Outage("blocking claims")
 
 
 class _Blocking:
-    """How `claim_batch` claims and waits: on the calling thread. Its awaits never suspend."""
+    """How `claim_batch` claims and waits: on the calling thread, keeping its connection while
+    it waits (waiting.py says why). Its awaits never suspend."""
 
     def __init__(self, manager: TodoManager) -> None:
         self.manager = manager
@@ -1023,16 +1086,17 @@ class _Blocking:
     ) -> tuple[list[Todo], DatabaseError | None, float]:
         return self.manager._claim_through_faults(params)
 
-    async def start(self, waiting: BlockingClaim) -> None:
-        waiting.start()
+    async def join(self, poll: waiting.LongPoll) -> None:
+        poll.join()
 
-    async def ring(self, waiting: BlockingClaim, pause: float) -> None:
-        waiting.doorbell.wait(pause)
+    async def wait(self, poll: waiting.LongPoll, seconds: float) -> bool:
+        return poll.wait(seconds)
 
 
 class _Suspending(_Blocking):
-    """How `aclaim_batch` claims and waits: off the event loop, suspended while it waits, and
-    holding no pooled connection meanwhile (`_give_back_pooled_connection`)."""
+    """How `aclaim_batch` claims and waits: a claim without a wait in the caller's thread, as
+    every async twin; the claims of a long poll on the process's claim threads, suspended
+    while it waits, so that it holds neither a thread nor a connection meanwhile."""
 
     async def claim(self, params: Mapping[str, Any]) -> list[Todo]:
         return await sync_to_async(self.manager._claim, thread_sensitive=True)(params)
@@ -1040,26 +1104,14 @@ class _Suspending(_Blocking):
     async def claim_through_faults(
         self, params: Mapping[str, Any]
     ) -> tuple[list[Todo], DatabaseError | None, float]:
-        claim = sync_to_async(self.manager._claim_through_faults, thread_sensitive=True)
-        return await claim(params)
+        claims = waiting.claim_threads()
+        return await claims.run(params["owner"], self.manager._claim_through_faults, params)
 
-    async def start(self, waiting: BlockingClaim) -> None:
-        await self._give_back()  # before the listener, which may need a connection from the pool
-        await sync_to_async(waiting.start, thread_sensitive=False)()
+    async def join(self, poll: waiting.LongPoll) -> None:
+        await poll.ajoin()
 
-    async def ring(self, waiting: BlockingClaim, pause: float) -> None:
-        await self._give_back()
-        await waiting.doorbell.await_ring(pause)
-
-    async def _give_back(self) -> None:
-        await sync_to_async(self.manager._give_back_pooled_connection, thread_sensitive=True)()
-
-
-def give_back_if_pooled(connection: BaseDatabaseWrapper) -> None:
-    """Give a connection of Django's pool back to the pool, outside a transaction. An unpooled
-    one stays open: reconnecting each time would cost more than holding it."""
-    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
-        connection.close()
+    async def wait(self, poll: waiting.LongPoll, seconds: float) -> bool:
+        return await poll.await_ring(seconds)
 
 
 def run_now(coroutine: Coroutine[Any, Any, R]) -> R:
@@ -1091,8 +1143,15 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
 
 
 def _leased(params: dict[str, Any]) -> dict[str, Any]:
-    """A claim's or heartbeat's parameters with the lease of a call that gives no ttl."""
-    return {**params, "default_ttl": timedelta(seconds=conf.DEFAULT_TTL)}
+    """A claim's or heartbeat's parameters with the lease of a call that gives no ttl, and the
+    length of the failure history a claim taking over a lapsed lease keeps."""
+    return {**_history(params), "default_ttl": timedelta(seconds=conf.DEFAULT_TTL)}
+
+
+def _history(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of a statement that appends to the failure history (errors_with), with
+    how many entries it keeps."""
+    return {**params, "max_errors_kept": conf.MAX_ERRORS_KEPT}
 
 
 def _constraint_name(error: IntegrityError) -> str | None:

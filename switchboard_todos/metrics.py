@@ -7,13 +7,20 @@ the same answer. The table keeps states, not a history of events, so there are n
 throughput is given as todos finished within the last `WINDOW`. Mount `view` in the project's
 URLconf, or print the same text with `manage.py todo_stats --prometheus`. docs/operating.md
 lists the metrics and example alert rules.
+
+The view answers a scraper that sends `Authorization: Bearer <SWITCHBOARD_TODOS_METRICS_TOKEN>`
+and a logged-in staff user; anyone else gets 401 (403 for a user who is not staff). The metrics
+name every queue and how busy it is: nothing for the public, nor for the agents, which see only
+their own queues.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 from datetime import timedelta
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -123,4 +130,27 @@ def exposition() -> bytes:
 @require_GET
 def view(request: HttpRequest) -> HttpResponse:
     """The metrics for Prometheus to scrape: `path("metrics", metrics.view)` in a URLconf."""
+    user = getattr(request, "user", None)
+    if not (_scraper(request) or (user is not None and user.is_staff)):
+        signed_in = user is not None and user.is_authenticated
+        refused = HttpResponse(
+            "The metrics are for staff users, and for scrapers that send the header "
+            "Authorization: Bearer <SWITCHBOARD_TODOS_METRICS_TOKEN>.\n",
+            status=403 if signed_in else 401,
+            content_type="text/plain",
+        )
+        if not signed_in:
+            refused["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return refused
     return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)
+
+
+def _scraper(request: HttpRequest) -> bool:
+    """Whether the request carries the metrics token (none is, while the setting is unset)."""
+    token = getattr(settings, "SWITCHBOARD_TODOS_METRICS_TOKEN", None)
+    scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+    return (
+        bool(token)
+        and scheme.lower() == "bearer"
+        and hmac.compare_digest(sent.encode(), str(token).encode())
+    )

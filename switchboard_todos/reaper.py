@@ -2,10 +2,11 @@
 
 A sweep of each database that holds todos (placement.py) takes back lapsed leases with
 `reap_expired()`, one statement that skips rows another session holds, so any number of
-reapers can run at once; and, when schedules are declared, enqueues the periodic todos that
-fell due (`schedules.run_due`, whose ticks are likewise taken once however many schedulers
-run). `todo_scheduler` does only the second. A database that fails does not keep the others
-from their sweep.
+reapers can run at once; deletes the old done and failed todos of each queue with a retention
+(`retention.purge_retained`, in bounded batches that likewise skip held rows); and, when
+schedules are declared, enqueues the periodic todos that fell due (`schedules.run_due`, whose
+ticks are likewise taken once however many schedulers run). `todo_scheduler` does only the
+last. A database that fails does not keep the others from their sweep.
 
 Once the first sweep has worked, a database that goes away or turns read-only (`faults`) is
 logged and retried with a capped backoff instead of ending the process: a long-running service
@@ -20,11 +21,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from datetime import datetime
 from typing import NamedTuple
 
 from django.db import DatabaseError, close_old_connections
 
-from switchboard_todos import faults, placement, schedules
+from switchboard_todos import faults, placement, retention, schedules
 from switchboard_todos.backoff import retry_delay
 from switchboard_todos.models import Todo
 from switchboard_todos.shutdown import Shutdown
@@ -45,6 +47,7 @@ class Sweep(NamedTuple):
     requeued: int = 0
     dead_lettered: int = 0
     enqueued: int = 0  # periodic todos
+    purged: int = 0  # old todos deleted by their queue's retention
 
 
 class ReapTotals(NamedTuple):
@@ -55,6 +58,7 @@ class ReapTotals(NamedTuple):
     requeued: int
     dead_lettered: int
     enqueued: int = 0
+    purged: int = 0
 
 
 def describe(result: Sweep | ReapTotals, *, reaping: bool = True, scheduling: bool = False) -> str:
@@ -62,6 +66,8 @@ def describe(result: Sweep | ReapTotals, *, reaping: bool = True, scheduling: bo
     parts = []
     if reaping:
         parts.append(f"{result.requeued} requeued, {result.dead_lettered} dead-lettered")
+        if result.purged:
+            parts.append(f"{result.purged} deleted by retention")
     if scheduling:
         noun = "scheduled todo" if result.enqueued == 1 else "scheduled todos"
         parts.append(f"{result.enqueued} {noun} enqueued")
@@ -86,6 +92,7 @@ class Reaper:
         reaping: bool = True,
         scheduling: bool | None = None,
         databases: Sequence[str] | None = None,
+        retention_time_limit: float = retention.RETENTION_TIME_LIMIT,
     ) -> None:
         self.databases = list(databases) if databases else placement.todo_databases()
         self.interval = interval
@@ -94,6 +101,9 @@ class Reaper:
         self.report = report
         self.report_idle = report_idle
         self.reaping = reaping
+        self.retention_time_limit = retention_time_limit
+        # Per database, where each queue's retention purge stopped (retention.purge_retained).
+        self.retention_marks: dict[str, dict[str, datetime]] = {}
         # Read (and check: ImproperlyConfigured) the declarations before the first sweep; by
         # default, schedule when any is declared.
         declared = schedules.declared()
@@ -127,7 +137,7 @@ class Reaper:
             close_old_connections()
         if failure is not None:
             raise failure
-        result = Sweep(*(sum(column) for column in zip(Sweep(0, 0, 0), *results, strict=True)))
+        result = Sweep(*(sum(column) for column in zip(Sweep(), *results, strict=True)))
         if any(result):
             logger.info("%s: %s.", self.label, self.describe(result))
         else:
@@ -135,12 +145,29 @@ class Reaper:
         return result
 
     def _sweep(self, alias: str) -> Sweep:
-        """Reap and schedule in database `alias`."""
-        reaped = Todo.objects.db_manager(alias).reap_expired() if self.reaping else None
-        enqueued = schedules.run_due(using=alias).enqueued if self.scheduling else 0
-        return Sweep(
-            reaped.requeued if reaped else 0, reaped.dead_lettered if reaped else 0, enqueued
-        )
+        """Reap, apply the queues' retention and schedule in database `alias`."""
+        swept = Sweep()
+        if self.reaping:
+            reaped = Todo.objects.db_manager(alias).reap_expired()
+            purged = retention.purge_retained(
+                using=alias,
+                time_limit=self.retention_time_limit,
+                marks=self.retention_marks.setdefault(alias, {}),
+            )
+            swept = Sweep(reaped.requeued, reaped.dead_lettered, purged=purged.total)
+            if purged.total:
+                logger.info(
+                    "Retention in database %r: deleted %s%s.",
+                    alias,
+                    ", ".join(
+                        f"{count} {state} of {queue}"
+                        for (queue, state), count in sorted(purged.counts.items())
+                    ),
+                    "; more at the next sweep" if purged.unfinished else "",
+                )
+        if self.scheduling:
+            swept = swept._replace(enqueued=schedules.run_due(using=alias).enqueued)
+        return swept
 
     def run(self) -> ReapTotals:
         """Sweep until stopped; raise ReaperError if the very first sweep fails."""
@@ -150,7 +177,7 @@ class Reaper:
             return self._run()
 
     def _run(self) -> ReapTotals:
-        sweeps = failed = failures_in_a_row = requeued = dead_lettered = enqueued = 0
+        sweeps = failed = failures_in_a_row = requeued = dead_lettered = enqueued = purged = 0
         while not self.shutdown.requested:
             sweeps += 1
             try:
@@ -187,10 +214,11 @@ class Reaper:
                 requeued += result.requeued
                 dead_lettered += result.dead_lettered
                 enqueued += result.enqueued
+                purged += result.purged
                 if self.report_idle or any(result):
                     self.report(f"{self.label}: {self.describe(result)}.")
                 pause = self.interval
             if self.max_sweeps is not None and sweeps >= self.max_sweeps:
                 break
             self.shutdown.wait(pause)
-        return ReapTotals(sweeps, failed, requeued, dead_lettered, enqueued)
+        return ReapTotals(sweeps, failed, requeued, dead_lettered, enqueued, purged)

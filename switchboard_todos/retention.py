@@ -1,4 +1,5 @@
-"""Retention: delete finished todos in small batches, behind `manage.py purge_todos`.
+"""Retention: delete finished todos in small batches, behind `manage.py purge_todos` and, for
+the queues with a retention of their own (Queue.retention), the reaper's sweeps.
 
 Only `done` todos, and `failed` ones (dead letters) when asked, are ever deleted; the SQL says
 so in its WHERE as well as here. Each batch is one statement, so outside a caller's
@@ -7,6 +8,7 @@ transaction it commits on its own and holds its row locks for one batch only.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,11 +17,15 @@ from typing import Any
 
 from django.db import connections, router
 
+from switchboard_todos.conf import conf
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import queries
 
 #: The largest batch: bigger ones hold their row locks and WAL for longer than they save.
 MAX_BATCH_SIZE = 100_000
+#: Seconds one reaper sweep spends on the queues' retention in a database: past that it starts
+#: no new batch, and the next sweep goes on (a retention set on a large backlog).
+RETENTION_TIME_LIMIT = 5.0
 
 
 @dataclass
@@ -28,6 +34,8 @@ class Purged:
 
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     batches: int = 0
+    unfinished: bool = False
+    """A retention purge stopped at its time limit with todos left to delete."""
 
     @property
     def total(self) -> int:
@@ -65,6 +73,52 @@ def purge(
         # Skipped (locked) rows do not count against the limit, so a short batch is the last.
         if deleted < batch_size:
             return purged
+
+
+def purge_retained(
+    *,
+    using: str | None = None,
+    batch_size: int | None = None,
+    time_limit: float = RETENTION_TIME_LIMIT,
+    marks: dict[str, datetime] | None = None,
+) -> Purged:
+    """Delete each queue's done and failed todos completed longer ago than its retention
+    (Queue.retention) from database `using` (the router's by default), in batches of
+    `batch_size` (SWITCHBOARD_TODOS_REAP_BATCH). A queue without a retention is not touched.
+
+    The queues take a batch each in turn, so a large backlog in one does not hold the others
+    back; after `time_limit` seconds no new round starts and the result says `unfinished`.
+    `marks` (queue -> the newest completed_at deleted), kept by the caller from one purge to
+    the next, lets each start where the last stopped (sql/todos.sql, purge_retained).
+    """
+    size = conf.REAP_BATCH if batch_size is None else batch_size
+    marks = {} if marks is None else marks
+    kept: dict[str, timedelta] = dict(_fetch("retained_queues", {}, using))
+    left = list(kept)
+    purged = Purged()
+    deadline = time.monotonic() + time_limit
+    while left:
+        for queue in list(left):
+            params = {
+                "queue": queue,
+                "retention": kept[queue],
+                "limit": size,
+                "after": marks.get(queue),
+            }
+            rows = _fetch("purge_retained", params, using)
+            purged.batches += 1
+            deleted = 0
+            for _queue, state, count, newest in rows:
+                purged.counts[queue, state] += count
+                deleted += count
+                marks[queue] = max(marks.get(queue, newest), newest)
+            # Skipped (locked) rows do not count against the limit: a short batch is the last.
+            if deleted < size:
+                left.remove(queue)
+        if left and time.monotonic() >= deadline:
+            purged.unfinished = True
+            break
+    return purged
 
 
 def count_purgeable(

@@ -78,7 +78,8 @@ class Schedule:
     title: str
     payload: str  # JSON text, as validation.payload gives it
     priority: int
-    max_attempts: int
+    max_attempts: int | None
+    """None: its queue's default (Queue), else DEFAULT_MAX_ATTEMPTS, read at each pass."""
     concurrency_key: str | None
     missed: Missed
 
@@ -105,7 +106,7 @@ def declare(
     payload: Mapping[str, Any] | None = None,
     timezone: str | None = None,
     priority: int = 0,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_attempts: int | None = None,
     concurrency_key: str | None = None,
     missed: Missed = "latest",
 ) -> Schedule:
@@ -168,7 +169,7 @@ def periodic(
     payload: Mapping[str, Any] | None = None,
     timezone: str | None = None,
     priority: int = 0,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_attempts: int | None = None,
     concurrency_key: str | None = None,
     missed: Missed = "latest",
 ) -> Callable[[F], F]:
@@ -294,16 +295,26 @@ SELECT name, next_run_at
 """
 
 #: Write the declarations: a new schedule awaits its first tick after now; a changed cron or
-#: time zone starts again from now; `paused` belongs to the operators and is never written.
+#: time zone starts again from now; `paused` belongs to the operators and is never written. A
+#: schedule declared without max_attempts gets its queue's default, as create_todo's todos do
+#: (todos.sql, max_attempts_of), read at each pass, so a changed default reaches its next tick.
 DECLARE = """
 INSERT INTO todo_schedules AS schedule
        (name, cron, timezone, queue, kind, title, payload, priority, max_attempts,
         concurrency_key, missed, next_run_at)
-SELECT * FROM unnest(%(names)s::text[], %(crons)s::text[], %(timezones)s::text[],
-                     %(queues)s::text[], %(kinds)s::text[], %(titles)s::text[],
-                     %(payloads)s::jsonb[], %(priorities)s::smallint[], %(max_attempts)s::int[],
-                     %(concurrency_keys)s::text[], %(missed)s::text[],
-                     %(next_run_ats)s::timestamptz[])
+SELECT name, cron, timezone, queue, kind, title, payload, priority,
+       coalesce(declared.max_attempts,
+                (SELECT settings.max_attempts FROM todo_queues AS settings
+                  WHERE settings.name = declared.queue),
+                %(default_max_attempts)s::int),
+       concurrency_key, missed, next_run_at
+  FROM unnest(%(names)s::text[], %(crons)s::text[], %(timezones)s::text[],
+              %(queues)s::text[], %(kinds)s::text[], %(titles)s::text[],
+              %(payloads)s::jsonb[], %(priorities)s::smallint[], %(max_attempts)s::int[],
+              %(concurrency_keys)s::text[], %(missed)s::text[],
+              %(next_run_ats)s::timestamptz[])
+       AS declared (name, cron, timezone, queue, kind, title, payload, priority, max_attempts,
+                    concurrency_key, missed, next_run_at)
 ON CONFLICT (name) DO UPDATE
    SET cron = excluded.cron, timezone = excluded.timezone, queue = excluded.queue,
        kind = excluded.kind, title = excluded.title, payload = excluded.payload,
@@ -337,6 +348,7 @@ def _write_declarations(cursor: Any, schedules: Any, now: datetime) -> None:
             "payloads": [s.payload for s in rows],
             "priorities": [s.priority for s in rows],
             "max_attempts": [s.max_attempts for s in rows],
+            "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
             "concurrency_keys": [s.concurrency_key for s in rows],
             "missed": [s.missed for s in rows],
             "next_run_ats": [s.next_tick(now) for s in rows],

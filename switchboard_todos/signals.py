@@ -33,7 +33,7 @@ todo_completed = Signal(use_caching=True)
 todo_failed = Signal(use_caching=True)
 """Todos whose attempt failed (`fail`): pending again for a retry, or dead-lettered at the cap."""
 todo_dead_lettered = Signal(use_caching=True)
-"""Todos that became dead letters: at the attempt cap (`fail`, the reaper) or by `dead_letter`."""
+"""Todos that became dead letters: at the attempt cap (`fail`, the reaper) or by `cancel`."""
 todo_requeued = Signal(use_caching=True)
 """Dead letters an operator sent back to pending (`requeue`, `requeue_many`)."""
 todo_lease_lapsed = Signal(use_caching=True)
@@ -95,7 +95,7 @@ SENT_BY: dict[str, tuple[tuple[Signal, Pick], ...]] = {
     "fail": ((todo_failed, _every), (todo_dead_lettered, _dead_letter)),
     "reap_expired": ((todo_lease_lapsed, _every), (todo_dead_lettered, _dead_letter)),
     "requeue": ((todo_requeued, _every),),
-    "dead_letter": ((todo_dead_lettered, _every),),
+    "cancel": ((todo_dead_lettered, _every),),
 }
 
 

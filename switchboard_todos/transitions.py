@@ -18,9 +18,12 @@ from django.db import models
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
+from switchboard_todos.exceptions import TodoCancelled, TodoConflict
+
 DEFAULT_MAX_ATTEMPTS = 5
-"""Attempts a todo gets unless it is created with its own `max_attempts`: its last failure, or
-its last lease lapsing, makes it a dead letter."""
+"""Attempts a todo gets unless it is created with its own `max_attempts` or its queue has a
+default (Queue.max_attempts): its last failure, or its last lease lapsing, makes it a dead
+letter."""
 
 
 class State(models.TextChoices):
@@ -37,7 +40,8 @@ class State(models.TextChoices):
     """Completed by its owner; `result` holds what it returned. Final: left only by purging."""
 
     FAILED = "failed", _("Failed (dead letter)")
-    """Dead-lettered after `max_attempts` attempts. Left only by an operator's requeue."""
+    """Dead-lettered after `max_attempts` attempts, or cancelled by an operator. Left only by an
+    operator's requeue."""
 
 
 #: What the guarded statements saw of a todo: a row of the `classify_miss` statement.
@@ -54,6 +58,8 @@ class Obstacle:
     """The TodoConflict message: a template over the seen row's columns and `caller`."""
     refusal: str = ""
     """For a transition with a batch form: the reason, without the id (so that refusals group)."""
+    error: type[TodoConflict] = TodoConflict
+    """The exception that tells the caller."""
 
 
 @dataclass(frozen=True)
@@ -83,9 +89,15 @@ class Transition:
     for the transitions that report no miss (a claim that finds nothing returns nothing)."""
     obstacles: tuple[Obstacle, ...] = ()
     """The rest of the guard, in the order a miss is explained."""
+    ended_by: tuple[Obstacle, ...] = ()
+    """What may have taken the todo out of the from-states under the caller, explained before
+    the state: an operator's cancel, which its holder must hear of as such."""
     not_in_state: str = ""
     """With a batch form: its reason for a todo in another state, "it is done, <not_in_state>"."""
     repair: Repair | None = None
+    method: str = ""
+    """The manager method that runs the statement, when it is not the one of its name (a
+    variant of it for a case the method meets: `create_child` for `create_todo(after=...)`)."""
 
     @property
     def owner_guarded(self) -> bool:
@@ -94,11 +106,24 @@ class Transition:
 
     def conflict(self, seen: Seen, caller: str | None) -> str:
         """Say, in the terms of this transition, why its guard did not match the seen todo."""
-        template = self.wrong_state
-        if seen["state"] in self.from_states:
-            standing = [obstacle for obstacle in self.obstacles if obstacle.stands(seen, caller)]
-            template = standing[0].conflict if standing else CHANGED
+        standing = self._standing(seen, caller)
+        if standing is not None:
+            template = standing.conflict
+        else:
+            template = CHANGED if seen["state"] in self.from_states else self.wrong_state
         return template.format(**seen, caller=caller, operation=self.name)
+
+    def error(self, seen: Seen, caller: str | None) -> type[TodoConflict]:
+        """The TodoConflict (or subclass: TodoCancelled) that tells the caller of the miss."""
+        standing = self._standing(seen, caller)
+        return TodoConflict if standing is None else standing.error
+
+    def _standing(self, seen: Seen, caller: str | None) -> Obstacle | None:
+        """The first part of the guard that explains the miss, if any does."""
+        obstacles = self.ended_by
+        if seen["state"] in self.from_states:
+            obstacles += self.obstacles
+        return next((item for item in obstacles if item.stands(seen, caller)), None)
 
     def refusal(self, seen: Seen | None) -> str:
         """Say briefly, without the id, why a batch of this transition left a todo alone."""
@@ -118,6 +143,15 @@ NOT_HELD = Obstacle(
     conflict="Todo {id} is claimed by {owner!r}, not by {caller!r}.",
 )
 NOT_CLAIMED = "Todo {id} is {state}, not claimed; {operation} needs it claimed by {caller!r}."
+#: The holder's todo was cancelled by an operator (the `cancel` statement's cancelled_hold).
+CANCELLED = Obstacle(
+    stands=lambda seen, caller: seen["cancelled_hold"] and seen["owner"] == caller,
+    conflict=(
+        "Todo {id} was cancelled by an operator while {caller!r} held it ({cancel_reason}): stop "
+        "work on it; {operation} is refused."
+    ),
+    error=TodoCancelled,
+)
 
 _ASSIGNED_ELSEWHERE = Obstacle(
     stands=lambda seen, caller: seen["assignee"] not in (None, caller),
@@ -168,17 +202,20 @@ _CLAIMED = frozenset({State.CLAIMED})
 
 
 def _owner_guarded(name: str) -> Transition:
-    """A transition of the lease's holder: the todo must be claimed, by the caller."""
-    return Transition(name, _CLAIMED, wrong_state=NOT_CLAIMED, obstacles=(NOT_HELD,))
+    """A transition of the lease's holder: the todo must be claimed, by the caller; a holder
+    whose todo an operator cancelled is told so."""
+    return Transition(
+        name, _CLAIMED, wrong_state=NOT_CLAIMED, obstacles=(NOT_HELD,), ended_by=(CANCELLED,)
+    )
 
 
 TRANSITIONS: dict[str, Transition] = {
     transition.name: transition
     for transition in (
         Transition("create_todo", frozenset()),
-        Transition("create_child", frozenset()),
+        Transition("create_child", frozenset(), method="create_todo"),
         Transition("create_many", frozenset()),
-        Transition("create_graph", frozenset()),
+        Transition("create_graph", frozenset(), method="create_many"),
         Transition("tick_schedule", frozenset()),
         Transition("claim_next", frozenset({State.PENDING, State.CLAIMED})),
         Transition("claim_filtered", frozenset({State.PENDING, State.CLAIMED})),
@@ -231,16 +268,19 @@ TRANSITIONS: dict[str, Transition] = {
             ),
         ),
         Transition(
-            "dead_letter",
-            frozenset({State.PENDING}),
-            wrong_state="Todo {id} is {state}; only pending todos can be dead-lettered.",
-            not_in_state="not pending",
+            "cancel",
+            frozenset({State.PENDING, State.CLAIMED}),
+            wrong_state="Todo {id} is {state}; only pending and claimed todos can be cancelled.",
+            not_in_state="neither pending nor claimed",
             repair=Repair(
-                permission="dead_letter_todo",
-                permission_name="Can dead-letter pending todos",
-                label=_("Dead-letter (cancel)…"),
-                explanation=_("Asks for a reason first"),
-                done="dead-lettered",
+                permission="cancel_todo",
+                permission_name="Can cancel pending and claimed todos",
+                label=_("Cancel…"),
+                explanation=_(
+                    "Asks for a reason first; a dead letter then, and its worker stops at its "
+                    "next heartbeat"
+                ),
+                done="cancelled",
             ),
         ),
         Transition(

@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,7 +22,6 @@ from django.utils import timezone
 
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo
-from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from switchboard_todos.models import Event
@@ -40,9 +39,11 @@ MAX_ATTEMPTS_LIMIT = 1000
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 CLAIM_BATCH_LIMIT = 1000
 TODO_ID_MAX_LENGTH = 100
-#: Most todos one operator batch (requeue_many, expire_lease_many, dead_letter_many) takes.
+#: Most todos one operator batch (requeue_many, expire_lease_many, cancel_many) takes.
 OPERATOR_BATCH_LIMIT = 10_000
 REASON_MAX_LENGTH = 1000
+#: Kept of an error's type when the error is trimmed to SWITCHBOARD_TODOS_MAX_ERROR_BYTES.
+ERROR_TYPE_MAX_LENGTH = 200
 #: SQS's longest visibility timeout; heartbeat to hold a todo longer.
 MAX_LEASE = timedelta(hours=12)
 #: Longest release delay or explicit retry wait; catches milliseconds passed as seconds.
@@ -54,7 +55,12 @@ MAX_WAIT = timedelta(minutes=15)
 #: stored, then fail to load in a worker whose stack is already deeper.
 MAX_JSON_DEPTH = 200
 
-_QUEUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+#: A queue name, as a pattern that means the same to Python, ECMAScript (JSON Schema) and Rust.
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
+#: The characters str.isspace() calls whitespace (a text of only these is blank; a kind has
+#: none), as a class of a pattern that means the same to Python, ECMAScript and Rust.
+WHITESPACE = r"\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_QUEUE = re.compile(QUEUE_PATTERN.removeprefix("^").removesuffix("$"))
 _NO_SPACE = re.compile(r"\S+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -283,6 +289,10 @@ def run_after(value: object) -> datetime | None:
         raise InvalidTodo(f"run_after must be an aware datetime, not {type(value).__name__}.")
     if timezone.is_naive(value):
         raise InvalidTodo("run_after must be an aware datetime; this one has no tzinfo.")
+    try:
+        value.astimezone(UTC)
+    except OverflowError:  # stored, it could not be read back: the first or last moment instead
+        return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=UTC)
     return value
 
 
@@ -310,8 +320,9 @@ _NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-def json_text(value: Any, name: str) -> str:
-    """Serialize `value` as the JSON the database will store, within MAX_JSON_BYTES."""
+def json_text(value: Any, name: str, *, limit: int | None = None) -> str:
+    """Serialize `value` as the JSON the database will store, within `limit` bytes (by default
+    MAX_JSON_BYTES)."""
     try:
         serialized = JSON_ENCODER.encode(value)
     except (TypeError, ValueError) as error:
@@ -323,7 +334,8 @@ def json_text(value: Any, name: str) -> str:
     if "\\u0000" in serialized and _JSON_NUL.search(serialized):
         raise InvalidTodo(f"{name} must not contain NUL characters (PostgreSQL rejects them).")
     size = len(serialized) if serialized.isascii() else len(_encodable(serialized, name))
-    limit = conf.MAX_JSON_BYTES
+    if limit is None:
+        limit = conf.MAX_JSON_BYTES
     if size > limit:
         raise InvalidTodo(f"{name} is {size} bytes as JSON; the limit is {limit}.")
     # Fewer brackets than the limit cannot nest deeper than it: most values stop here.
@@ -353,7 +365,8 @@ def payload(value: Any) -> str:
 
 
 def error(value: object) -> str:
-    """What a failed attempt reports, stored as a JSON object with at least a message."""
+    """What a failed attempt reports, stored as a JSON object with at least a message; one of
+    more than SWITCHBOARD_TODOS_MAX_ERROR_BYTES is trimmed to that, with a note."""
     if value is None:
         detail: dict[str, Any] = {"type": "", "message": ""}
     elif isinstance(value, BaseException):
@@ -374,12 +387,69 @@ def error(value: object) -> str:
         raise InvalidTodo(
             f"error must be a str, a dict or an exception, not {type(value).__name__}."
         )
-    return json_text(detail, "error")
+    serialized = json_text(detail, "error")
+    size = len(serialized) if serialized.isascii() else len(serialized.encode())
+    if size <= conf.MAX_ERROR_BYTES:
+        return serialized
+    return _trimmed_error(detail, serialized, size, conf.MAX_ERROR_BYTES)
+
+
+def _trimmed_error(detail: dict[str, Any], serialized: str, size: int, limit: int) -> str:
+    """An error of more than `limit` bytes of JSON as one of at most `limit`: its type, a note,
+    and as much of its message (or, without a str message, of its JSON) as fits.
+
+    Stored, not refused: a failure must be recorded, and a long one is usually a long
+    traceback or log whose head says what went wrong.
+    """
+    kind = detail.get("type")
+    message = detail.get("message")
+    text = message if isinstance(message, str) else serialized
+    trimmed = {
+        "type": kind[:ERROR_TYPE_MAX_LENGTH] if isinstance(kind, str) else "",
+        "message": "",
+        "note": (
+            f"The error was {size} bytes of JSON; the limit is {limit} "
+            "(SWITCHBOARD_TODOS_MAX_ERROR_BYTES), so only the head of its "
+            f"{'message' if text is message else 'JSON'} is kept."
+        ),
+    }
+    budget = max(0, limit - len(JSON_ENCODER.encode(trimmed).encode()))
+    keep = min(len(text), budget)
+    while True:
+        head = text[:keep]
+        # Escapes and multi-byte characters take more bytes than characters: the quotes of an
+        # encoded string are counted in the budget already.
+        used = len(JSON_ENCODER.encode(head).encode()) - 2
+        if used <= budget:
+            trimmed["message"] = head
+            return JSON_ENCODER.encode(trimmed)
+        keep = keep * budget // used
 
 
 def result(value: Any) -> str | None:
     """What a completed todo returned: any JSON value; None stores SQL NULL."""
     return None if value is None else json_text(value, "result")
+
+
+def progress(value: Any, name: str = "progress") -> str | None:
+    """A holder's progress note: any JSON value, at most MAX_PROGRESS_BYTES; None sends none."""
+    return None if value is None else json_text(value, name, limit=conf.MAX_PROGRESS_BYTES)
+
+
+def progress_by_id(value: object) -> str | None:
+    """`heartbeat_many`'s mapping of todo id to progress note, as one JSON object; each note is
+    bounded on its own (a None note sends none)."""
+    if value is None:
+        return None
+    if type(value) is not dict and not isinstance(value, Mapping):
+        raise InvalidTodo(f"progress must map todo ids to notes, not {type(value).__name__}.")
+    texts = {
+        todo_id(key): progress(note, f"the progress of {key!r}") for key, note in value.items()
+    }
+    notes = [
+        f"{JSON_ENCODER.encode(key)}:{text}" for key, text in texts.items() if text is not None
+    ]
+    return "{" + ",".join(notes) + "}" if notes else None
 
 
 def results(value: object) -> tuple[list[str], list[str | None]]:
@@ -413,7 +483,7 @@ CREATION_DEFAULTS: dict[str, Any] = {
     "source": "",
     "idempotency_key": None,
     "assignee": None,
-    "max_attempts": DEFAULT_MAX_ATTEMPTS,
+    "max_attempts": None,
     "priority": 0,
     "concurrency_key": None,
     "event": None,
@@ -427,7 +497,9 @@ _CREATION_ARGUMENTS = frozenset(CREATION_DEFAULTS)
 def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Validate one todo's `create_todo` arguments into the insert's parameters.
 
-    Arguments left at their default skip their check: batches call this once per row.
+    Arguments left at their default skip their check: batches call this once per row. A
+    `max_attempts` of None stays None: the insert takes the queue's default (Queue), else
+    DEFAULT_MAX_ATTEMPTS.
     `event_given_by_id` says whether the event was named by a str id, which the manager looks
     up before inserting (a saved Event needs no lookup), and `event_database` where a saved
     Event was loaded from (a todo must live in its event's database).
@@ -447,7 +519,7 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         get("source", ""),
         get("idempotency_key"),
         get("assignee"),
-        get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+        get("max_attempts"),
         get("priority", 0),
         get("concurrency_key"),
         get("event"),
@@ -469,8 +541,8 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         "idempotency_key": None if key is None else idempotency_key(key),
         "assignee": None if holder is None else assignee(holder),
         "max_attempts": (
-            attempts
-            if attempts == DEFAULT_MAX_ATTEMPTS and type(attempts) is int
+            None
+            if attempts is None
             else whole_number(attempts, "max_attempts", 1, MAX_ATTEMPTS_LIMIT)
         ),
         "priority": rank if rank == 0 and type(rank) is int else priority(rank),
@@ -523,6 +595,8 @@ ARGUMENTS: dict[str, Callable[[Any], Any]] = {
     "retry_in": optional(lambda value: delay(value, "retry_in")),
     "delay": optional(lambda value: delay(value, "delay"), timedelta(0)),
     "reason": reason,
+    "progress": progress,
+    "progress_by_id": progress_by_id,
     "priority": priority,
     "schedule": lambda value: identifier(value, "schedule", SCHEDULE_NAME_MAX_LENGTH),
     "awaited": lambda value: instant(value, "awaited"),

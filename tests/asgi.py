@@ -5,6 +5,7 @@ The live-server tests and the HTTP benchmark talk to it as remote agents would.
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -26,9 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def serve(env: dict[str, str], *, workers: int = 1) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """uvicorn serving `application` in `workers` processes with environment `env`; the API's
-    base URL once it answers, and the process.
+def serve(
+    env: dict[str, str], *, workers: int = 1, app: str = "tests.asgi:application"
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """uvicorn serving `app` (this module's `application`) in `workers` processes with
+    environment `env`; the API's base URL once it answers, and the process.
 
     The process is stopped on leaving; its output (warnings and up) is on its `stdout`.
     """
@@ -38,7 +41,7 @@ def serve(env: dict[str, str], *, workers: int = 1) -> Iterator[tuple[str, subpr
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--port", str(port),
+        [sys.executable, "-m", "uvicorn", app, "--port", str(port),
          "--workers", str(workers), "--no-access-log", "--log-level", "warning"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -60,3 +63,18 @@ def serve(env: dict[str, str], *, workers: int = 1) -> Iterator[tuple[str, subpr
         if process.poll() is None:
             process.terminate()
             process.wait(30)
+
+
+@contextmanager
+def serve_mcp(app: str = "example_project.asgi:application", **environment: str) -> Iterator[str]:
+    """uvicorn serving `app`, which has the MCP endpoint at /mcp, with the test database and
+    `environment`; the endpoint's URL once it answers. The server must stop cleanly."""
+    from tests.conftest import child_environment
+
+    env = {**child_environment(), "DATABASE_POOL_SIZE": "4", **environment}  # as docs/agents.md
+    with serve(env, app=app) as (base, process):
+        yield base.removesuffix("/api") + "/mcp"
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=30)[0]
+    # uvicorn shuts down gracefully, then dies of the signal it got, as a good process does.
+    assert process.returncode == -signal.SIGTERM and "Traceback" not in output, output

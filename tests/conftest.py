@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import psycopg
 import pytest
 from django.db import connection, connections
 from django.db.models import DateTimeField, Func
+from django.test import Client
 from psycopg import sql
 
 from devtools import database
@@ -196,3 +198,29 @@ def read_only_database() -> Iterator[Callable[[bool], None]]:
         yield set_read_only
     finally:
         set_read_only(False)
+
+
+_usernames = (f"operator{n}" for n in itertools.count())
+
+
+@pytest.fixture
+def operator(db: None) -> Callable[..., Client]:
+    """A logged-in staff client holding exactly the given permissions of the app (admin tests).
+
+    operator("view_todo", "requeue_todo")
+    """
+
+    def make(*codenames: str) -> Client:
+        from django.contrib.auth.models import Permission, User
+
+        user = User.objects.create_user(username=next(_usernames), password="pw", is_staff=True)
+        user.user_permissions.set(
+            Permission.objects.filter(
+                content_type__app_label="switchboard_todos", codename__in=codenames
+            )
+        )
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make

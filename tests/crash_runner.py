@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from switchboard_todos.worker import Worker
+from switchboard_todos.worker.executing import Executor
 
 
-def _broken(self: Worker, runner: Any, held: Any) -> None:
+def _broken(self: Executor, runner: Any, held: Any) -> None:
     raise RuntimeError("a bug in the runner loop")
 
 
-Worker._execute = _broken  # type: ignore[method-assign]
+Executor.execute = _broken  # type: ignore[method-assign]

@@ -26,12 +26,27 @@ DATABASE_ROUTERS = ["switchboard_todos.placement.QueueRouter"]
 if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": pool_size}
 
+# Off, as the suite speaks plain HTTP; the live servers of the HTTPS tests turn them on in their
+# environment (tests/test_mcp.py).
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
+
 # A test's worker child may shorten the connection timeouts (tests/test_worker_process.py).
 SWITCHBOARD_TODOS_DATABASE_OPTIONS = env.json("SWITCHBOARD_TODOS_DATABASE_OPTIONS", default={})
 # Queues placed in `eu` for the processes a test starts (tests/test_databases.py).
 SWITCHBOARD_TODOS_QUEUE_DATABASES = env.json("SWITCHBOARD_TODOS_QUEUE_DATABASES", default={})
 # Periodic todos for the processes a test starts (the scheduler's systemd unit).
 SWITCHBOARD_TODOS_SCHEDULES = env.json("SWITCHBOARD_TODOS_SCHEDULES", default={})
+# The long polls one agent may have waiting at once, for the server a test starts
+# (tests/test_long_polls_live.py).
+SWITCHBOARD_TODOS_AGENT_MAX_WAITS = env.int("SWITCHBOARD_TODOS_AGENT_MAX_WAITS", default=8)
+
+# The live HTTPS tests (tests/test_api_live.py) turn these on in the server they start.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+# What Prometheus sends to /metrics (tests/test_metrics.py).
+SWITCHBOARD_TODOS_METRICS_TOKEN = "metrics-test-token"
 
 WEBHOOK_SECRETS = {"github": "github-test-secret", "example": "example-test-secret"}
 WEBHOOK_MAX_BYTES = 64 * 1024

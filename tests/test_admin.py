@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,7 +9,6 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django.db.models import QuerySet
@@ -25,7 +23,6 @@ CHANGELIST = "/admin/switchboard_todos/todo/"
 HEALTH = "/admin/switchboard_todos/todo/health/"
 REQUEUE_ALL = "/admin/switchboard_todos/todo/requeue-dead-letters/"
 EVENTS = "/admin/switchboard_todos/event/"
-_usernames = (f"operator{n}" for n in itertools.count())
 
 
 def change_url(todo: Todo) -> str:
@@ -40,24 +37,6 @@ def run_action(client: Client, action: str, todos: list[Todo], **extra: str) -> 
     """Pick `todos` on the list and run `action`, as the action bar's Go button does."""
     data = {"action": action, "index": "0", "_selected_action": [t.pk for t in todos], **extra}
     return client.post(CHANGELIST, data, follow=True)
-
-
-@pytest.fixture
-def operator(db: None) -> Callable[..., Client]:
-    """A logged-in staff client holding exactly the given todo permissions."""
-
-    def make(*codenames: str) -> Client:
-        user = User.objects.create_user(username=next(_usernames), password="pw", is_staff=True)
-        user.user_permissions.set(
-            Permission.objects.filter(
-                content_type__app_label="switchboard_todos", codename__in=codenames
-            )
-        )
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 def bulk_todos(count: int, **fields: Any) -> list[Todo]:
@@ -414,7 +393,8 @@ def test_a_todo_cannot_be_added_edited_or_deleted(
     [
         (State.FAILED, "requeue_selected", "requeue_todo"),
         (State.CLAIMED, "expire_lease_selected", "expire_lease_todo"),
-        (State.PENDING, "dead_letter_selected", "dead_letter_todo"),
+        (State.PENDING, "cancel_selected", "cancel_todo"),
+        (State.CLAIMED, "cancel_selected", "cancel_todo"),
         (State.PENDING, "set_priority_selected", "set_priority_todo"),
     ],
 )
@@ -423,7 +403,7 @@ def test_the_detail_page_offers_the_repair_its_state_allows(
 ) -> None:
     """A button for each action that fits the state, shown only with its permission."""
     todo = make_todo(state=state)
-    others = {other for other, (_, needs) in ACTIONS.items() if needs != state}
+    others = {other for other, (_, needs) in ACTIONS.items() if state not in needs}
     page = operator("view_todo", *[code for code, _ in ACTIONS.values()]).get(change_url(todo))
     assert page.status_code == 200, (page.status_code, page.get("Location"))
     html = page.content.decode()
@@ -484,18 +464,21 @@ def test_expire_lease_selected(admin_client: Client, make_todo: MakeTodo) -> Non
     assert entry.change_message == "Expired the lease held by w9 (attempt 2 of 5)."
 
 
-def test_dead_letter_asks_for_a_reason_first(admin_client: Client, make_todo: MakeTodo) -> None:
+def test_cancel_asks_for_a_reason_first(admin_client: Client, make_todo: MakeTodo) -> None:
     """The first step is a confirmation page with a reason field; nothing changes yet."""
     pending, claimed = make_todo(title="Resend invoice"), make_todo(state=State.CLAIMED)
-    response = run_action(admin_client, "dead_letter_selected", [pending, claimed])
+    done = make_todo(state=State.DONE)
+    response = run_action(admin_client, "cancel_selected", [pending, claimed, done])
     page = response.content.decode()
-    assert "will be cancelled" in page and "Resend invoice" in page and 'name="reason"' in page
-    assert "1 selected todos are not pending" in page
+    assert "<strong>2</strong> pending or claimed todos will be cancelled" in page
+    assert "Resend invoice" in page and 'name="reason"' in page
+    assert "stops at its next heartbeat" in page
+    assert "1 selected todos are neither pending nor claimed" in page
     assert Todo.objects.get(pk=pending.pk).state == State.PENDING
     empty = admin_client.post(
         CHANGELIST,
         {
-            "action": "dead_letter_selected",
+            "action": "cancel_selected",
             "post": "yes",
             "_selected_action": [pending.pk],
             "reason": " ",
@@ -536,32 +519,65 @@ def test_the_priority_filter(admin_client: Client, make_todo: MakeTodo) -> None:
         assert [shown.pk for shown in listed] == [todo.pk]
 
 
-def test_dead_letter_with_a_reason(admin_client: Client, make_todo: MakeTodo) -> None:
-    """Confirmed with a reason, pending todos become dead letters carrying it."""
-    pending, claimed = make_todo(), make_todo(state=State.CLAIMED)
+def test_cancel_with_a_reason(admin_client: Client, make_todo: MakeTodo) -> None:
+    """Confirmed with a reason, pending and claimed todos become dead letters carrying it, each
+    change audited with whom it was taken from."""
+    pending, claimed = make_todo(), make_todo(state=State.CLAIMED, owner="w7", attempt=2)
+    done = make_todo(state=State.DONE)
     response = admin_client.post(
         CHANGELIST,
         {
-            "action": "dead_letter_selected",
+            "action": "cancel_selected",
             "post": "yes",
             "reason": "customer left",
-            "_selected_action": [pending.pk, claimed.pk],
+            "_selected_action": [pending.pk, claimed.pk, done.pk],
         },
         follow=True,
     )
     assert messages_of(response) == [
-        "1 todo dead-lettered.",
-        f"1 not dead-lettered: it is claimed, not pending ({claimed.pk}).",
+        "2 todos cancelled.",
+        f"1 not cancelled: it is done, neither pending nor claimed ({done.pk}).",
     ]
-    dead = Todo.objects.get(pk=pending.pk)
-    assert (dead.state, dead.result) == (
-        State.FAILED,
-        {"type": "Cancelled", "message": "customer left"},
-    )
-    assert (
-        LogEntry.objects.get().change_message
-        == "Dead-lettered (cancelled) while pending: customer left"
-    )
+    for todo in (pending, claimed):
+        dead = Todo.objects.get(pk=todo.pk)
+        assert (dead.state, dead.result) == (
+            State.FAILED,
+            {"type": "Cancelled", "message": "customer left"},
+        )
+    assert sorted(LogEntry.objects.values_list("change_message", flat=True)) == [
+        "Cancelled while claimed by w7 (attempt 2 of 5): customer left",
+        "Cancelled while pending: customer left",
+    ]
+
+
+def test_the_cancel_button_of_a_running_todo(admin_client: Client, make_todo: MakeTodo) -> None:
+    """A claimed todo's page offers Cancel…, which asks for the reason of this one todo."""
+    todo = make_todo(state=State.CLAIMED)
+    page = admin_client.get(change_url(todo)).content.decode()
+    assert 'value="cancel_selected"' in page and 'value="Cancel…"' in page
+    confirm = admin_client.post(
+        f"{CHANGELIST}?q={todo.pk}",
+        {"action": "cancel_selected", "index": "0", "_selected_action": [todo.pk]},
+    ).content.decode()
+    assert "<strong>1</strong> pending or claimed todos will be cancelled" in confirm
+    assert Todo.objects.get(pk=todo.pk).state == State.CLAIMED
+
+
+def test_the_progress_note_on_the_list_and_the_page(
+    admin_client: Client, make_todo: MakeTodo
+) -> None:
+    """The list shows the head of each note, cut in the database; the page shows it whole."""
+    todo = make_todo(state=State.CLAIMED, owner="w1")
+    Todo.objects.heartbeat(todo.id, "w1", 30, progress="page " + "9" * 100)
+    other = make_todo(state=State.CLAIMED, owner="w1")
+    Todo.objects.heartbeat(other.id, "w1", 30, progress={"files": 3})
+    listed = admin_client.get(CHANGELIST)
+    notes = {t.pk: t.progress_head for t in listed.context["cl"].result_list}
+    assert notes[todo.pk] == "page " + "9" * 56 and notes[other.pk] == '{"files": 3}'
+    html = listed.content.decode()
+    assert "page " + "9" * 54 + "…" in html and "{&quot;files&quot;: 3}" in html
+    page = admin_client.get(change_url(todo)).content.decode()
+    assert "progress note" in page and "9" * 100 in page
 
 
 def test_select_all_walks_only_the_todos_the_action_applies_to(admin_client: Client) -> None:
@@ -615,11 +631,12 @@ def test_a_long_action_stops_at_its_time_limit(admin_client: Client, make_todo: 
     assert Todo.objects.filter(state=State.PENDING).count() == 2
 
 
+#: Each action: its permission, and the states of the todos it applies to.
 ACTIONS = {
-    "requeue_selected": ("requeue_todo", State.FAILED),
-    "expire_lease_selected": ("expire_lease_todo", State.CLAIMED),
-    "dead_letter_selected": ("dead_letter_todo", State.PENDING),
-    "set_priority_selected": ("set_priority_todo", State.PENDING),
+    "requeue_selected": ("requeue_todo", (State.FAILED,)),
+    "expire_lease_selected": ("expire_lease_todo", (State.CLAIMED,)),
+    "cancel_selected": ("cancel_todo", (State.PENDING, State.CLAIMED)),
+    "set_priority_selected": ("set_priority_todo", (State.PENDING,)),
 }
 
 
@@ -628,8 +645,8 @@ def test_each_action_needs_its_permission(
     operator: Callable[..., Client], make_todo: MakeTodo, action: str
 ) -> None:
     """A staff user who may only view sees no action and cannot run one; the permission adds it."""
-    codename, state = ACTIONS[action]
-    todo = make_todo(state=state)
+    codename, states = ACTIONS[action]
+    todo = make_todo(state=states[0])
     viewer = operator("view_todo")
     assert viewer.get(CHANGELIST).context["action_form"] is None
     response = run_action(viewer, action, [todo], post="yes", reason="r", priority="9")
@@ -780,7 +797,7 @@ def test_the_health_page_lists_the_repairs_the_user_may_make(
     page = operator("view_todo", "requeue_todo").get(HEALTH).content.decode()
     link = f'<a href="{CHANGELIST}?state__exact=failed">Failed (dead letter)</a>'
     assert f"{link}: Requeue this dead letter (Back to pending" in page
-    assert "Expire its lease now" not in page and "Dead-letter (cancel)" not in page
+    assert "Expire its lease now" not in page and "Cancel…" not in page
     assert "Repairs you may make" not in operator("view_todo").get(HEALTH).content.decode()
 
 

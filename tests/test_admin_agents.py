@@ -104,3 +104,18 @@ def test_a_user_without_the_change_permission_cannot_rotate(client: Client) -> N
     response = client.post(CHANGELIST, {"action": "rotate_tokens", "_selected_action": [agent.pk]})
     assert shown_tokens(response) == []
     assert service.authenticate(token).pk == agent.pk
+
+
+def test_quotas_are_edited_in_the_admin_and_at_least_one(admin_client: Client) -> None:
+    agent, _ = accounts.create_agent("bot", claim_queues=["work"])
+    form = {"claim_queues": "work", "create_queues": "", "is_active": "on"}
+    page = admin_client.get(f"{CHANGELIST}{agent.pk}/change/").content.decode()
+    assert "SWITCHBOARD_TODOS_AGENT_MAX_HELD" in page  # empty takes the setting
+    refused = admin_client.post(f"{CHANGELIST}{agent.pk}/change/", {**form, "max_held": "0"})
+    assert refused.status_code == 200 and refused.context["errors"]
+    admin_client.post(
+        f"{CHANGELIST}{agent.pk}/change/",
+        {**form, "max_held": "3", "max_creates_per_minute": "", "max_attempts_limit": "9"},
+    )
+    agent.refresh_from_db()
+    assert (agent.max_held, agent.max_creates_per_minute, agent.max_attempts_limit) == (3, None, 9)

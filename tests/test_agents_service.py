@@ -11,7 +11,7 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 from django.db.models.functions import Now
 
-from switchboard_todos import listen
+from switchboard_todos import waiting
 from switchboard_todos.agents import accounts, errors, service, tokens
 from switchboard_todos.agents.serialize import TodoJSON, todo_json
 from switchboard_todos.exceptions import (
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _stop_listeners() -> Iterator[None]:
     yield
-    listen.stop_shared_listeners()
+    waiting.stop()
 
 
 @pytest.fixture
@@ -337,12 +337,21 @@ def test_list_todos_claimed_lists_what_the_agent_holds(
         {"cursor": "not a cursor"},
         {"cursor": "W10"},
         {"cursor": "x" * 300},
+        {"cursor": "1:\x00"},
+        {"cursor": "1:\ud800"},
+        {"cursor": "1" * 19 + ":td"},
         {"queues": ["bad name"]},
     ],
 )
 def test_list_todos_refuses_bad_arguments(agent: Agent, arguments: dict[str, Any]) -> None:
     with pytest.raises(InvalidTodo):
         service.list_todos(agent, **arguments)
+
+
+@pytest.mark.parametrize("cursor", ["0:", "-999999999999999999:x", "999999999999999999:td_ü y"])
+def test_any_cursor_of_the_documented_shape_is_a_position(agent: Agent, cursor: str) -> None:
+    """Beyond the dates Python holds, the first or last position: never a refusal."""
+    assert service.list_todos(agent, cursor=cursor).next_cursor is None
 
 
 def test_list_todos_of_a_queue_not_granted(agent: Agent) -> None:
@@ -365,13 +374,13 @@ def test_get_todo_answers_another_queue_as_an_unknown_id(
 
 def test_create_for_records_the_agent_and_deduplicates(agent: Agent) -> None:
     todo, created = service.create_for(
-        agent, queue="inbox", kind="mail.send", payload={"to": "x"}, idempotency_key="k1"
+        agent, queue="work", kind="mail.send", payload={"to": "x"}, idempotency_key="k1"
     )
-    assert created and todo.source == "agent:a1" and todo.queue == "inbox"
-    again, created = service.create_for(
-        agent, queue="inbox", kind="mail.send", idempotency_key="k1"
-    )
+    assert created and todo.source == "agent:a1" and todo.queue == "work"
+    again, created = service.create_for(agent, queue="work", kind="mail.send", idempotency_key="k1")
     assert not created and again.id == todo.id
+    assert todo_json(again)["idempotency_key"] == "k1"
+    assert Todo.objects.get(pk=todo.pk).idempotency_key == "agent:a1/k1"
     later, _ = service.create_for(agent, queue="work", title="t", run_after="2100-01-01T00:00:00Z")
     assert later.next_retry_at is not None and later.next_retry_at.year == 2100
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import OperationalError, ProgrammingError, connection
 from django.test import Client
 
-from switchboard_todos import listen
+from switchboard_todos import waiting
 from switchboard_todos.agents import accounts
 from switchboard_todos.models import Agent, State, Todo
 
@@ -25,7 +26,7 @@ API = "/api"
 @pytest.fixture(autouse=True)
 def _stop_listeners() -> Iterator[None]:
     yield
-    listen.stop_shared_listeners()
+    waiting.stop()
 
 
 class AgentClient:
@@ -140,6 +141,23 @@ def test_claim_batch_and_empty_claim(a1: AgentClient, make_todo: Callable[..., T
     assert a1.post("/claim/", {"ttl": 30, "wait": 0}).json() == {"todos": []}
 
 
+def test_a_claim_or_heartbeat_without_a_ttl_takes_the_default_lease(
+    a1: AgentClient, make_todo: Callable[..., Todo], settings: Any
+) -> None:
+    """No ttl (or no body at all): the queue's visibility timeout, else
+    SWITCHBOARD_TODOS_DEFAULT_TTL, on the database's clock."""
+    settings.SWITCHBOARD_TODOS_DEFAULT_TTL = 45
+    todo = make_todo(queue="work")
+    [claimed] = a1.post("/claim/").json()["todos"]
+    assert claimed["id"] == todo.id
+    held = Todo.objects.get(pk=todo.pk)
+    assert held.lease_expires_at and held.claimed_at
+    assert held.lease_expires_at - held.claimed_at == timedelta(seconds=45)
+    assert a1.post(f"/todos/{todo.id}/heartbeat/", {}).status_code == 200
+    assert a1.post(f"/todos/{todo.id}/release/").status_code == 200
+    assert a1.post(f"/todos/{todo.id}/claim/").status_code == 200
+
+
 def test_list_todos_pages(a1: AgentClient, make_todo: Callable[..., Todo]) -> None:
     made = [make_todo(queue="work").id for _ in range(5)]
     make_todo(queue="elsewhere")
@@ -186,6 +204,11 @@ def test_openapi_schema_is_generated_and_public(client: Client) -> None:
     assert schema["components"]["securitySchemes"]["BearerToken"]["scheme"] == "bearer"
     refusal = schema["paths"]["/api/claim/"]["post"]["responses"]["409"]["content"]
     assert list(refusal) == ["application/problem+json"]
+    links = schema["paths"]["/api/claim/"]["post"]["responses"]["200"]["links"]
+    assert links["complete"] == {
+        "operationId": "complete",
+        "parameters": {"todo_id": "$response.body#/todos/0/id"},
+    }
 
 
 # The auth matrix
@@ -317,17 +340,27 @@ HUGE = b'{"queue": "work", "kind": "k", "payload": {"x": "' + b"y" * 3_000_000 +
         ("/claim/", "{not json", 422, "not JSON"),
         ("/claim/", b"\xff\xfe\x00", 422, "not JSON"),
         ("/claim/", "[1, 2]", 422, "JSON object"),
-        ("/claim/", "", 422, "body: Field required"),
+        ("/claim/", "null", 422, "must be a JSON object"),
         ("/claim/", '{"ttl": "30"}', 422, "ttl"),
         ("/claim/", '{"ttl": true}', 422, "ttl"),
         ("/claim/", '{"ttl": 30, "limit": 2.5}', 422, "limit"),
         ("/claim/", '{"ttl": 30, "queues": "work"}', 422, "queues"),
         ("/claim/", '{"ttl": 30, "owner": "a2"}', 422, "owner"),
-        ("/claim/", '{"ttl": 0}', 422, "ttl must be more than zero"),
-        ("/claim/", '{"ttl": NaN}', 422, "ttl must be finite"),
+        ("/claim/", '{"ttl": 0}', 422, "ttl: Input should be greater than or equal to 0.001"),
+        ("/claim/", '{"ttl": NaN}', 422, "ttl"),
         ("/claim/", '{"ttl": 1e309}', 422, "ttl"),
-        ("/claim/", '{"ttl": 30, "wait": 21}', 422, "wait must be at most"),
-        ("/claim/", '{"ttl": 30, "limit": 11}', 422, "limit must be between 1 and 10"),
+        (
+            "/claim/",
+            '{"ttl": 30, "wait": 21}',
+            422,
+            "wait: Input should be less than or equal to 20",
+        ),
+        (
+            "/claim/",
+            '{"ttl": 30, "limit": 11}',
+            422,
+            "limit: Input should be less than or equal to 10",
+        ),
         ("/claim/", '{"ttl": 30, "limit": 100000000000000000000000}', 422, "limit"),
         ("/claim/", '{"ttl": 30, "queues": ["bad name"]}', 422, "not a valid queue name"),
         ("/claim/", '{"ttl": 30, "queues": ["\\ud800"]}', 422, "surrogate"),
@@ -335,7 +368,13 @@ HUGE = b'{"queue": "work", "kind": "k", "payload": {"x": "' + b"y" * 3_000_000 +
         ("/todos/", '{"queue": "work", "kind": "k", "payload": {"\\ud83d": 1}}', 422, "surrogate"),
         ("/todos/", '{"queue": "work", "title": "nul \\u0000"}', 422, "NUL"),
         ("/todos/", '{"queue": "work", "kind": "k", "payload": [1]}', 422, "payload"),
-        ("/todos/", '{"queue": "work", "kind": "k", "run_after": "soon"}', 422, "ISO 8601"),
+        ("/todos/", '{"queue": "work", "kind": "k", "run_after": "soon"}', 422, "RFC 3339"),
+        (
+            "/todos/",
+            '{"queue": "work", "kind": "k", "run_after": "2030-01-01 09:00:00"}',
+            422,
+            "RFC 3339",
+        ),
         ("/todos/", '{"queue": "work", "kind": "k", "max_attempts": 0}', 422, "max_attempts"),
         (
             "/todos/",
@@ -376,7 +415,8 @@ def test_bad_input_is_refused_and_writes_nothing(
     ("query", "detail"),
     [
         ({"limit": "abc"}, "limit"),
-        ({"limit": 101}, "limit must be between 1 and 100"),
+        ({"limit": 101}, "limit: Input should be less than or equal to 100"),
+        ({"cursor": "W10"}, "cursor"),
         ({"state": "done"}, "state"),
         ({"cursor": "garbage"}, "cursor"),
         ({"queue": "bad name"}, "not a valid queue name"),
@@ -394,9 +434,23 @@ def test_odd_ids_are_refused_without_a_server_error(a1: AgentClient) -> None:
     assert todos_table() == before
 
 
+def test_a_method_a_route_does_not_take_is_a_405_problem(a1: AgentClient) -> None:
+    for response, allowed in [
+        (a1.client.put(f"{API}/claim/", headers=a1.headers), "POST"),
+        (a1.client.delete(f"{API}/todos/", headers=a1.headers), "GET, POST"),
+    ]:
+        assert_problem(response, 405, "This path takes")
+        assert sorted(response["Allow"].split(", ")) == sorted(allowed.split(", "))
+
+
 @pytest.mark.parametrize(
     ("path", "detail"),
-    [("/claim", "end with a slash"), ("/nowhere/", "No route POST /api/nowhere/")],
+    [
+        ("/claim", "end with a slash"),
+        ("/nowhere/", "No route POST /api/nowhere/"),
+        ("/todos/a%2F%0A/complete/", "No route POST /api/todos/a/\n/complete/"),
+        ("/%0A", "No route POST /api/\n"),
+    ],
 )
 def test_unknown_routes_are_problems_even_without_the_trailing_slash(
     settings: Any, a1: AgentClient, path: str, detail: str

@@ -14,14 +14,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import pytest
-from asgiref.sync import sync_to_async
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from switchboard_todos import listen
+from switchboard_todos import waiting
 from switchboard_todos.agents import accounts
 from switchboard_todos.api import asgi
-from switchboard_todos.api.schemas import ClaimIn, CompleteIn
 from switchboard_todos.models import Agent, State, Todo
 from tests.asgi import django_application
 
@@ -87,8 +85,7 @@ def fast() -> Iterator[asgi.AgentsAPIFirst]:
     app = asgi.AgentsAPIFirst(django_application, threads=2)
     yield app
     app.close()
-    listen.stop_shared_listeners()  # the long polls' listener, before the database goes
-    asyncio.run(sync_to_async(connections.close_all)())  # and their connection, on asgiref's thread
+    waiting.stop()  # the long polls' listener and claim threads, before the database goes
 
 
 @pytest.fixture
@@ -302,9 +299,9 @@ def test_a_verb_is_two_statements(tokens: dict[str, str]) -> None:
     """The agent's lookup, then the transition; nothing else on the way."""
     todo, _ = Todo.objects.create_todo(queue="work", kind="k")
     with CaptureQueriesContext(connection) as claim:
-        asgi._perform("claim", tokens["a1"], None, ClaimIn(ttl=30))
+        asgi._perform("claim", tokens["a1"], None, b'{"ttl": 30}')
     with CaptureQueriesContext(connection) as complete:
-        asgi._perform("complete", tokens["a1"], todo.id, CompleteIn())
+        asgi._perform("complete", tokens["a1"], todo.id, b"")
     assert (len(claim), len(complete)) == (2, 2)
     assert Todo.objects.get(pk=todo.pk).state == State.DONE
 

@@ -25,7 +25,7 @@ from switchboard_todos.compat import (
     task_finished,
     task_started,
 )
-from switchboard_todos.exceptions import LeaseExpired
+from switchboard_todos.exceptions import LeaseExpired, TodoCancelled
 from switchboard_todos.handlers import TASKS_SOURCE
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker import Worker
@@ -284,17 +284,28 @@ def test_a_successful_result_has_attempts_workers_and_return_value(make_todo: Ma
 
 @pytest.mark.django_db
 def test_a_dead_letter_lists_every_error(make_todo: MakeTodo) -> None:
-    """FAILED after its budget: lapsed leases and unknown error types map to importable classes."""
+    """FAILED after its budget or a cancel: lapsed leases, cancels and unknown error types map to
+    importable classes."""
     todo = task_todo(
         make_todo,
         state=State.FAILED,
-        attempt=3,
-        errors=history(("w1", "LeaseExpired"), ("w2", "Timeout"), ("w3", "builtins.KeyError")),
+        attempt=4,
+        errors=history(
+            ("w1", "LeaseExpired"),
+            ("w2", "Timeout"),
+            ("w3", "builtins.KeyError"),
+            ("w4", "Cancelled"),
+        ),
     )
     result = tasks.add.get_result(todo.id)
     assert result.status == TaskResultStatus.FAILED
-    assert [error.exception_class for error in result.errors] == [LeaseExpired, Exception, KeyError]
-    assert result.worker_ids == ["w1", "w2", "w3"]
+    assert [error.exception_class for error in result.errors] == [
+        LeaseExpired,
+        Exception,
+        KeyError,
+        TodoCancelled,
+    ]
+    assert result.worker_ids == ["w1", "w2", "w3", "w4"]
     with pytest.raises(ValueError, match="Task failed"):
         result.return_value  # noqa: B018
 

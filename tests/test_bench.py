@@ -40,6 +40,12 @@ ROWS = {
         "drain, one database, Workers on both queues",
         "drain, two databases, Workers on both queues",
     ],
+    "hostile_agent": [
+        "hostile agent (long polls): 1 agent claim + complete",
+        "hostile agent (long polls): claim p99",
+        "hostile agent (long polls, creates, fails): 1 agent claim + complete",
+        "hostile agent (long polls, creates, fails): claim p99",
+    ],
 }
 
 
@@ -52,7 +58,7 @@ def test_every_scenario_runs_and_prints_its_ratios(subprocess_env: dict[str, Any
         env={**subprocess_env, "BENCH_DATABASE_URL": database_url()},
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=150,
     )
     assert result.returncode == 0, result.stderr
     table = result.stdout.split("\n\n")[-1].splitlines()

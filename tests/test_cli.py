@@ -8,13 +8,8 @@ from datetime import timedelta
 import pytest
 from django.core.management import load_command_class
 
-from switchboard_todos.management.cli import (
-    duration,
-    format_duration,
-    plural,
-    positive_int,
-    queue_name,
-)
+from switchboard_todos.durations import format_duration
+from switchboard_todos.management.cli import duration, plural, positive_int, queue_name
 
 
 @pytest.mark.parametrize(

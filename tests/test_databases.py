@@ -24,15 +24,16 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import OperationalError, connections
 from django.db.models import F
+from django.db.models.functions import Now
 from django.test import Client, override_settings
 from psycopg import sql
 
-from switchboard_todos import listen, placement, schedules, stats
+from switchboard_todos import listen, placement, queue_settings, schedules, stats, waiting
 from switchboard_todos.agents import accounts, service
 from switchboard_todos.checks import check_schema
 from switchboard_todos.compat import task_backends
 from switchboard_todos.exceptions import InvalidTodo, TodoNotFound
-from switchboard_todos.models import Event, Schedule, State, Todo
+from switchboard_todos.models import Event, Queue, Schedule, State, Todo
 from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
 from switchboard_todos.sqs.signing import secret_for
@@ -69,9 +70,9 @@ def placed(settings: Any) -> Iterator[None]:
     would not know to empty."""
     settings.SWITCHBOARD_TODOS_QUEUE_DATABASES = PLACED
     yield
-    listen.stop_shared_listeners()  # the blocking claims' LISTEN connections
+    waiting.stop()  # the long polls' LISTEN connections and claim threads
     with connections["eu"].cursor() as cursor:
-        cursor.execute("TRUNCATE todos, events, todo_schedules, todo_agents")
+        cursor.execute("TRUNCATE todos, events, todo_schedules, todo_agents, todo_queues")
 
 
 def ids_in(alias: str) -> set[str]:
@@ -213,6 +214,28 @@ def test_the_reaper_sweeps_each_database_in_its_own() -> None:
     assert Todo.objects.using("eu").get(pk=eu.id).state == State.PENDING
     assert Todo.objects.using("default").get(pk=home.id).state == State.PENDING
     assert ids_in("eu") == {eu.id} and ids_in("default") == {home.id}
+
+
+@pytest.mark.django_db(transaction=True, databases=BOTH)  # each sweep closes its connections
+def test_a_queues_settings_live_beside_its_todos_and_apply_there() -> None:
+    """Its row is in its database; its todos' default attempts and retention are read there."""
+    queue_settings.configure("eu-orders", max_attempts=2, retention=timedelta(days=1))
+    assert Queue.objects.using("eu").get().name == "eu-orders"
+    assert not Queue.objects.using("default").exists()
+    todo, _ = Todo.objects.create_todo(queue="eu-orders", kind="k")
+    assert todo.max_attempts == 2
+    assert Todo.objects.enqueue_many([{"queue": "eu-orders", "kind": "bulk"}]) == 1
+    assert Todo.objects.using("eu").get(kind="bulk").max_attempts == 2
+    Todo.objects.using("eu").update(
+        state=State.DONE,
+        created_at=F("created_at") - timedelta(2),
+        completed_at=Now() - timedelta(2),
+    )
+    with Shutdown() as shutdown:
+        swept = Reaper(interval=1, shutdown=shutdown, scheduling=False).sweep()
+    assert swept.purged == 2 and ids_in("eu") == set()
+    (view,) = queue_settings.overview(using="eu")
+    assert (view.name, view.database, view.retention_text) == ("eu-orders", "eu", "1d")
 
 
 def test_a_schedule_lives_beside_its_queue(settings: Any) -> None:
@@ -408,6 +431,24 @@ def test_the_admin_lists_and_repairs_each_database(admin_client: Client) -> None
     assert admin_client.get(changelist + "?database=nowhere").status_code == 404
     health = admin_client.get(changelist + "health/?database=eu").content.decode()
     assert "Databases" in health and "eu-orders" in health and 'href="?database=default"' in health
+
+
+def test_the_queues_page_shows_and_steers_each_database(admin_client: Client) -> None:
+    Todo.objects.create_todo(queue="eu-orders", kind="k")
+    Todo.objects.create_todo(queue="orders", kind="k")
+    queues = "/admin/switchboard_todos/queue/"
+    assert [row.view.name for row in admin_client.get(queues).context["rows"]] == ["orders"]
+    page = admin_client.get(queues + "?database=eu")
+    assert [row.view.name for row in page.context["rows"]] == ["eu-orders"]
+    assert "?database=eu&amp;queue=eu-orders" in page.content.decode()
+    admin_client.post(
+        queues + "?database=eu",
+        {"action": "pause_selected", "_selected_action": ["eu-orders"], "index": "0"},
+    )
+    assert Queue.objects.using("eu").get().paused
+    admin_client.post(queues + "eu-orders/change/", {"max_attempts": "4", "description": ""})
+    assert Queue.objects.using("eu").get().max_attempts == 4
+    assert not Queue.objects.using("default").exists()
 
 
 def test_an_agent_works_queues_of_both_databases() -> None:

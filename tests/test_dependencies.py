@@ -243,7 +243,7 @@ def test_the_reaper_and_an_operator_settle_descendants_too(make_todo: MakeTodo) 
     cancelled = make_todo()
     under_reaped, under_cancelled = child_of(lapsing), child_of(cancelled)
     assert Todo.objects.reap_expired().dead_lettered == 1
-    Todo.objects.dead_letter(cancelled.id, "not needed")
+    Todo.objects.cancel(cancelled.id, "not needed")
     assert [todo.state for todo in refreshed(under_reaped, under_cancelled)] == [
         State.FAILED,
         State.FAILED,

@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.db import connection
 
 from switchboard_todos.listen import Doorbell, Listener
@@ -31,18 +30,6 @@ def test_a_ring_wakes_a_blocked_thread() -> None:
     doorbell.ring()
     waiter.join(5)
     assert woke == [True]
-
-
-def test_a_coroutine_waits_for_a_ring_from_another_thread() -> None:
-    """await_ring() is resolved from the listener's thread, or times out with False."""
-    doorbell = Doorbell(["q"])
-
-    async def wait_rung() -> tuple[bool, bool]:
-        threading.Timer(0.05, doorbell.ring).start()
-        rung = await doorbell.await_ring(30)
-        return rung, await doorbell.await_ring(0.05)
-
-    assert async_to_sync(wait_rung)() == (True, False)
 
 
 def listener_backends() -> list[int]:

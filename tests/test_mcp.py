@@ -8,40 +8,49 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from django.db import connections
 from django.db.models.functions import Now
 from django.test import override_settings
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.server.streamable_http_manager import DEFAULT_SESSION_IDLE_TIMEOUT
+from starlette.responses import PlainTextResponse
+from starlette.types import Receive, Scope, Send
 
 from devtools.database import free_port
 from example_project.mcp_agent import connect
 from switchboard_todos.agents import errors
 from switchboard_todos.agents.accounts import create_agent, revoke
-from switchboard_todos.mcp.http import allowed_hosts
+from switchboard_todos.conf import conf
+from switchboard_todos.exceptions import Throttled
+from switchboard_todos.mcp.http import HttpsOnly, allowed_hosts, streamable_http
+from switchboard_todos.mcp.server import PROBLEM_META, Tools
 from switchboard_todos.models import Agent, State, Todo
-from tests.conftest import ROOT, child_environment, database_url
-from tests.helpers import wait_until
+from tests.asgi import serve_mcp
+from tests.conftest import ROOT, child_environment, database_url, run_in_threads
 
 T = TypeVar("T")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 AGENT = "mcp-agent"
+#: SECURE_PROXY_SSL_HEADER of a deployment behind a proxy that terminates TLS.
+PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 
 def status_of(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -57,37 +66,11 @@ def status_of(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any
         return error.code, error.headers
 
 
-def answering(url: str) -> bool:
-    try:
-        status_of(url)
-    except OSError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def mcp_url(django_db_setup: None) -> Iterator[str]:
     """uvicorn serving the example project's ASGI application; the URL of its /mcp."""
-    port = free_port()
-    command = [sys.executable, "-m", "uvicorn", "example_project.asgi:application"]
-    server = subprocess.Popen(
-        [*command, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT,
-        env={**child_environment(), "DATABASE_POOL_SIZE": "4"},  # as docs/agents.md advises
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}/mcp"
-    try:
-        wait_until(lambda: server.poll() is not None or answering(url), "uvicorn to answer", 60)
-        assert server.poll() is None, server.communicate()[0]
+    with serve_mcp() as url:
         yield url
-    finally:
-        server.send_signal(signal.SIGTERM)
-        output = server.communicate(timeout=30)[0]
-    # uvicorn shuts down gracefully, then dies of the signal it got, as a good process does.
-    assert server.returncode == -signal.SIGTERM and "Traceback" not in output, output
 
 
 @pytest.fixture
@@ -146,11 +129,19 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str,
 
 
 async def refused(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
-    """The problem details of a tool error (isError); the test fails if the tool succeeded."""
+    """The problem details of a tool error (isError); the test fails if the tool succeeded.
+
+    The model reads the problem as text. There is no structured content, which a client would
+    hold to the tool's output schema; the problem details are in `_meta`.
+    """
     result = await session.call_tool(tool, arguments)
-    assert result.is_error, result.structured_content
-    assert result.structured_content is not None
-    return dict(result.structured_content)
+    assert result.is_error and result.structured_content is None, result
+    problem = dict((result.meta or {})[PROBLEM_META])
+    [text] = result.content
+    assert text.type == "text" and text.text.startswith(
+        f"{problem['title']} ({problem['status']}): {problem['detail']} "
+    )
+    return problem
 
 
 def on_own_connection(function: Callable[..., Any], *args: Any) -> None:
@@ -224,18 +215,29 @@ def test_release_gives_the_todo_back_without_an_attempt(open_session: Opener) ->
 
 
 def test_create_for_with_a_duplicate_idempotency_key(open_session: Opener) -> None:
-    arguments = {"queue": "handoff", "kind": "review", "title": "Review", "payload": {"n": 1}}
+    arguments = {"kind": "review", "title": "Review", "payload": {"n": 1}}
 
     async def scenario(session: ClientSession) -> list[dict[str, Any]]:
-        first = await call(session, "create_for", idempotency_key="handoff-1", **arguments)
-        again = await call(session, "create_for", idempotency_key="handoff-1", **arguments)
-        return [first, again]
+        first = await call(session, "create_for", queue="mcp", idempotency_key="k-1", **arguments)
+        again = await call(session, "create_for", queue="mcp", idempotency_key="k-1", **arguments)
+        handed = await call(
+            session, "create_for", queue="handoff", idempotency_key="k-1", **arguments
+        )
+        taken = await refused(
+            session, "create_for", queue="handoff", idempotency_key="k-1", **arguments
+        )
+        return [first, again, handed, taken]
 
-    first, again = run(open_session, scenario)
+    first, again, handed, taken = run(open_session, scenario)
     assert first["created"] is True and again["created"] is False
     assert again["todo"]["id"] == first["todo"]["id"]
-    row = Todo.objects.get(queue="handoff")
+    assert again["todo"]["idempotency_key"] == "k-1"
+    row = Todo.objects.get(queue="mcp")
     assert (row.kind, row.payload, row.source) == ("review", {"n": 1}, f"agent:{AGENT}")
+    # A todo of a queue it cannot see is not shown: the key is taken, and that is all.
+    assert handed["created"] is True
+    assert taken["status"] == 409 and "'k-1' is taken in queue 'handoff'" in taken["detail"]
+    assert handed["todo"]["id"] not in taken["detail"]
 
 
 def test_errors_are_tool_errors_and_the_session_goes_on(open_session: Opener) -> None:
@@ -285,6 +287,33 @@ def test_a_lost_lease_is_refused(http_session: Opener) -> None:
     assert (row.state, row.owner, row.attempt) == (State.CLAIMED, "other", 2)
 
 
+def test_progress_and_a_cancel_reach_the_agent(open_session: Opener) -> None:
+    """The heartbeat tool stores the agent's progress note, seen in list_todos; once an
+    operator cancels the todo, heartbeat and complete are tool errors that tell the model to
+    stop now and not complete it."""
+    todo, _ = Todo.objects.create_todo(queue="mcp", kind="t.long")
+
+    async def scenario(session: ClientSession) -> list[Any]:
+        await call(session, "claim", ttl=30)
+        beat = await call(session, "heartbeat", todo_id=todo.id, ttl=30, progress="3 of 10 files")
+        listed = await call(session, "list_todos", state="claimed")
+        await asyncio.to_thread(on_own_connection, Todo.objects.cancel, todo.id, "wrong repo")
+        told = await session.call_tool("heartbeat", {"todo_id": todo.id, "ttl": 30})
+        late = await refused(session, "complete", todo_id=todo.id, result="late")
+        return [beat, listed, told, late]
+
+    beat, listed, told, late = run(open_session, scenario)
+    assert beat["progress"] == "3 of 10 files"
+    assert [each["progress"] for each in listed["todos"]] == ["3 of 10 files"]
+    assert told.is_error and told.structured_content is None
+    assert (told.meta or {})[PROBLEM_META]["type"] == errors.TODO_CANCELLED.type
+    assert "stop work on it now and do not complete it" in told.content[0].text
+    assert "wrong repo" in told.content[0].text
+    assert late["status"] == 409 and late["type"] == errors.TODO_CANCELLED.type
+    row = Todo.objects.get(pk=todo.id)
+    assert (row.state, row.result) == (State.FAILED, {"type": "Cancelled", "message": "wrong repo"})
+
+
 def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
     async def scenario(session: ClientSession) -> Any:
         return (await session.list_tools()).tools
@@ -300,11 +329,105 @@ def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
         "create_for",
     }
     assert "do not complete" in (tools["heartbeat"].description or "")
+    assert "what you have done so far" in (tools["heartbeat"].description or "")
+    assert "progress" in tools["heartbeat"].input_schema["properties"]
     assert tools["claim"].output_schema is not None
     assert tools["list_todos"].annotations and tools["list_todos"].annotations.read_only_hint
 
 
-# Streamable HTTP only
+def test_a_throttled_call_says_how_long_to_wait() -> None:
+    async def agent() -> Agent:
+        return Agent(name=AGENT)
+
+    async def too_many(agent: Agent) -> dict[str, Any]:
+        raise Throttled(f"Agent {agent.name!r} creates too many todos.", retry_after=2.5)
+
+    result = asyncio.run(Tools(agent)._run(too_many))
+    assert result.is_error and result.structured_content is None
+    assert [block.text for block in result.content if block.type == "text"] == [
+        f"Too many requests (429): Agent {AGENT!r} creates too many todos. Retry-After: 3 s. "
+        + errors.THROTTLED.advice
+    ]
+    detail = f"Agent {AGENT!r} creates too many todos."
+    assert result.meta == {
+        PROBLEM_META: {**errors.problem(errors.THROTTLED, detail), "retry_after": 3}
+    }
+
+
+# Streamable HTTP only: sessions, hosts, HTTPS, tokens
+
+#: The request that opens a session: an initialize without a session id.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "tests", "version": "1"},
+    },
+}
+
+
+def headers(token: str, session: str | None = None, **more: str) -> dict[str, str]:
+    """A streamable HTTP request's headers: the token, and the session's once it has one."""
+    sent = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    if session is not None:
+        sent |= {"Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
+    return sent | more
+
+
+def test_an_agent_holds_at_most_its_sessions_and_others_get_theirs(mcp_url: str) -> None:
+    """One token opening sessions as fast as it can, concurrently: it gets the cap, no more."""
+    _, hostile = create_agent("hostile", claim_queues=["mcp"])
+    _, other = create_agent("other", claim_queues=["mcp"])
+    connections.close_all()
+    cap = conf.AGENT_MAX_SESSIONS
+
+    def open_one(_: int) -> httpx.Response:
+        with httpx.Client(timeout=30) as client:
+            return client.post(mcp_url, headers=headers(hostile), json=INITIALIZE)
+
+    opened = run_in_threads(3 * cap, open_one)
+    assert Counter(response.status_code for response in opened) == {200: cap, 429: 2 * cap}
+    refusal = next(response for response in opened if response.status_code == 429)
+    assert 1 <= int(refusal.headers["Retry-After"]) <= DEFAULT_SESSION_IDLE_TIMEOUT
+    assert refusal.json()["error"]["message"].startswith(
+        f"Too many requests (429): Agent 'hostile' has {cap} MCP sessions open, "
+    )
+    session = next(response for response in opened if response.status_code == 200)
+    with httpx.Client(timeout=30) as client:
+        assert client.post(mcp_url, headers=headers(other), json=INITIALIZE).status_code == 200
+        # An ended session frees its place.
+        ended = client.delete(mcp_url, headers=headers(hostile, session.headers["Mcp-Session-Id"]))
+        assert ended.status_code == 200
+        again = [client.post(mcp_url, headers=headers(hostile), json=INITIALIZE) for _ in "ab"]
+        assert [response.status_code for response in again] == [200, 429]
+
+
+@override_settings(SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS=1)
+def test_a_session_that_idles_out_frees_its_place(agent: tuple[Agent, str]) -> None:
+    endpoint = streamable_http("/mcp", session_idle_timeout=0.2)
+
+    async def scenario() -> list[int]:
+        transport = httpx.ASGITransport(app=endpoint.app)
+        async with (
+            endpoint.lifespan(),
+            httpx.AsyncClient(transport=transport, base_url="http://localhost") as client,
+        ):
+
+            async def opening() -> int:
+                response = await client.post("/mcp", headers=headers(agent[1]), json=INITIALIZE)
+                return response.status_code
+
+            statuses = [await opening(), await opening()]
+            deadline = asyncio.get_running_loop().time() + 30
+            while (status := await opening()) == 429:  # until the first idles out
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            return [*statuses, status]
+
+    assert asyncio.run(scenario()) == [200, 429, 200]
 
 
 def test_http_needs_an_active_agents_token(mcp_url: str, agent: tuple[Agent, str]) -> None:
@@ -342,6 +465,114 @@ def test_the_asgi_application_serves_django_beside_mcp(mcp_url: str) -> None:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(admin, timeout=10) as response:
         assert response.status == 200
+
+
+async def served(scope: Scope, receive: Receive, send: Send) -> None:
+    """The application behind HttpsOnly in the tests: it answers 200 "served"."""
+    await PlainTextResponse("served")(scope, receive, send)
+
+
+@pytest.mark.parametrize(
+    ("configured", "url", "sent", "answer"),
+    [
+        ({}, "http://localhost/mcp", {}, 200),
+        ({}, "https://localhost/mcp", {}, 200),
+        ({"SECURE_SSL_REDIRECT": True}, "https://localhost/mcp", {}, 200),
+        (
+            {"SECURE_SSL_REDIRECT": True},
+            "http://localhost/mcp?a=1",
+            {},
+            "https://localhost/mcp?a=1",
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "SECURE_SSL_HOST": "secure.example.com"},
+            "http://localhost/mcp",
+            {},
+            "https://secure.example.com/mcp",
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "SECURE_PROXY_SSL_HEADER": PROXY_SSL_HEADER},
+            "http://localhost/mcp",
+            {"X-Forwarded-Proto": "https"},
+            200,
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "SECURE_PROXY_SSL_HEADER": PROXY_SSL_HEADER},
+            "http://localhost/mcp",
+            {"X-Forwarded-Proto": "http, https"},
+            "https://localhost/mcp",
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "SECURE_REDIRECT_EXEMPT": [r"^mcp$"]},
+            "http://localhost/mcp",
+            {},
+            200,
+        ),
+        (
+            {"SECURE_SSL_REDIRECT": True, "USE_X_FORWARDED_HOST": True},
+            "http://localhost/mcp",
+            {"X-Forwarded-Host": "evil.example"},
+            421,
+        ),
+    ],
+)
+def test_https_is_required_as_djangos_security_middleware_requires_it(
+    configured: dict[str, Any], url: str, sent: dict[str, str], answer: int | str
+) -> None:
+    """Where SecurityMiddleware would redirect to HTTPS, a refusal that names the HTTPS URL."""
+
+    async def request() -> httpx.Response:
+        transport = httpx.ASGITransport(app=HttpsOnly(served))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await client.post(url, headers=sent, json={})
+
+    with override_settings(**configured):
+        response = asyncio.run(request())
+    if isinstance(answer, int):
+        assert response.status_code == answer, response.text
+    else:
+        assert response.status_code == 403
+        assert response.json()["error"]["message"] == (
+            f"HTTPS required: this server takes MCP requests over HTTPS only; connect to "
+            f"{answer}. This request went in clear, with any token it carried: have that "
+            "token rotated."
+        )
+
+
+@pytest.fixture(scope="module")
+def https_mcp_url(django_db_setup: None) -> Iterator[str]:
+    """The example project's ASGI application with HTTPS required, behind a TLS proxy."""
+    with serve_mcp(
+        SECURE_SSL_REDIRECT="1", SECURE_PROXY_SSL_HEADER=",".join(PROXY_SSL_HEADER)
+    ) as url:
+        yield url
+
+
+def test_a_plain_http_claim_is_refused_when_https_is_required(
+    https_mcp_url: str, agent: tuple[Agent, str]
+) -> None:
+    todo, _ = Todo.objects.create_todo(queue="mcp", kind="t.any")
+    connections.close_all()
+    token = agent[1]
+    tls = {"X-Forwarded-Proto": "https"}  # what the proxy that terminated TLS says
+    claim = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "claim", "arguments": {"ttl": 30}},
+    }
+    with httpx.Client(timeout=30) as client:
+        plain = client.post(https_mcp_url, headers=headers(token), json=INITIALIZE)
+        assert plain.status_code == 403
+        opened = client.post(https_mcp_url, headers=headers(token, **tls), json=INITIALIZE)
+        assert opened.status_code == 200
+        session = opened.headers["Mcp-Session-Id"]
+        plain = client.post(https_mcp_url, headers=headers(token, session), json=claim)
+        assert plain.status_code == 403
+        assert Todo.objects.get(pk=todo.id).state == State.PENDING
+        claimed = client.post(https_mcp_url, headers=headers(token, session, **tls), json=claim)
+        assert claimed.status_code == 200 and todo.id in claimed.text
+    assert Todo.objects.get(pk=todo.id).owner == AGENT
 
 
 # stdio only
@@ -449,3 +680,32 @@ def test_stdio_session_outlives_the_database(agent: tuple[Agent, str]) -> None:
         relay.cut()
     assert before == after == {"todos": [], "next_cursor": None}
     assert gone == errors.problem(errors.UNAVAILABLE, "The database is unavailable; retry.")
+
+
+# What one agent may take (issue 24 §2): a tool error that says to wait
+
+
+def test_quotas_are_tool_errors_and_change_nothing(open_session: Opener) -> None:
+    Agent.objects.filter(name=AGENT).update(max_held=1, max_creates_per_minute=2)
+    for n in range(2):
+        Todo.objects.create_todo(queue="mcp", kind="k", payload={"n": n})
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        return [
+            await call(session, "claim", ttl=30, limit=5),
+            await refused(session, "claim", ttl=30, wait=20),
+            await call(session, "create_for", queue="handoff", kind="k"),
+            await call(session, "create_for", queue="handoff", kind="k"),
+            await refused(session, "create_for", queue="handoff", kind="k"),
+            await refused(session, "create_for", queue="mcp", kind="k", max_attempts=26),
+        ]
+
+    claimed, held, _, _, flooded, attempts = run(open_session, scenario)
+    assert len(claimed["todos"]) == 1
+    for throttled in (held, flooded):
+        assert throttled["status"] == 429 and throttled["type"] == errors.THROTTLED.type
+    assert "holds 1 todos" in held["detail"]
+    assert "created 2 todos within a minute" in flooded["detail"]
+    assert attempts["status"] == 422 and "at most 25" in attempts["detail"]
+    assert Todo.objects.filter(owner=AGENT).count() == 1
+    assert Todo.objects.filter(queue="handoff").count() == 2

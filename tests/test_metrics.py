@@ -9,7 +9,9 @@ from datetime import timedelta
 from io import StringIO
 from typing import Any
 
+import httpx
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db.models import F
 from django.test import Client
@@ -17,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from switchboard_todos.models import State, Todo
+from tests.asgi import serve
 
 MakeTodo = Callable[..., Todo]
 
@@ -30,10 +33,14 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+#: What Prometheus sends (tests/settings.py's SWITCHBOARD_TODOS_METRICS_TOKEN).
+SCRAPER = {"Authorization": "Bearer metrics-test-token"}
+
+
 def scrape(client: Client, settings: Any) -> str:
-    """GET /metrics as the example project mounts it."""
+    """GET /metrics as the example project mounts it, as Prometheus does."""
     settings.ROOT_URLCONF = "example_project.urls"
-    response = client.get("/metrics")
+    response = client.get("/metrics", headers=SCRAPER)
     assert response.status_code == 200
     assert response["Content-Type"] == CONTENT_TYPE_LATEST
     return response.content.decode()
@@ -94,6 +101,38 @@ def test_a_scrape_costs_the_same_queries_whatever_the_rows(
 def test_the_view_answers_get_only(db: None, client: Client, settings: Any) -> None:
     settings.ROOT_URLCONF = "example_project.urls"
     assert client.post("/metrics").status_code == 405
+
+
+def test_the_metrics_are_for_the_scraper_and_staff_only(
+    db: None, client: Client, settings: Any
+) -> None:
+    settings.ROOT_URLCONF = "example_project.urls"
+    for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic bWV0cmljcw=="}]:
+        refused = client.get("/metrics", headers=headers)
+        assert refused.status_code == 401
+        assert refused["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    client.force_login(User.objects.create_user("someone", password="pw"))
+    assert client.get("/metrics").status_code == 403
+    client.force_login(User.objects.create_user("operator", password="pw", is_staff=True))
+    assert client.get("/metrics").status_code == 200
+    settings.SWITCHBOARD_TODOS_METRICS_TOKEN = ""
+    client.logout()
+    assert client.get("/metrics", headers={"Authorization": "Bearer "}).status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_live_server_refuses_the_metrics_without_the_token(
+    subprocess_env: dict[str, str],
+) -> None:
+    """Served as the example project serves them (Django behind AgentsAPIFirst, uvicorn)."""
+    with serve(subprocess_env) as (api, process):
+        base = api.removesuffix("/api")
+        assert httpx.get(f"{base}/metrics").status_code == 401
+        scraped = httpx.get(f"{base}/metrics", headers=SCRAPER)
+        process.terminate()
+        assert "Traceback" not in process.communicate(timeout=30)[0]
+    assert scraped.status_code == 200
+    assert "switchboard_todos_todos" in scraped.text
 
 
 def test_todo_stats_prints_the_same_metrics(busy: None, client: Client, settings: Any) -> None:

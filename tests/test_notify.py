@@ -102,7 +102,7 @@ def test_requeue_many_notifies_each_queue_once(heard: Heard) -> None:
     assert sorted(heard()) == ["a", "b"]
 
 
-def test_expire_lease_notifies_and_dead_letter_does_not(heard: Heard) -> None:
+def test_expire_lease_notifies_and_cancel_does_not(heard: Heard) -> None:
     """An expired lease is claimable at once; a cancelled todo is not claimable at all."""
     held = Todo.objects.create(
         kind="k",
@@ -115,7 +115,7 @@ def test_expire_lease_notifies_and_dead_letter_does_not(heard: Heard) -> None:
     pending = Todo.objects.create(kind="k", queue="cancelled")
     heard()
     Todo.objects.expire_lease(held.id)
-    Todo.objects.dead_letter(pending.id, "not wanted")
+    Todo.objects.cancel(pending.id, "not wanted")
     assert heard() == ["held"]
 
 

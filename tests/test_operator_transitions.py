@@ -1,4 +1,4 @@
-"""The operator's transitions (requeue, expire_lease, dead_letter), one todo or a batch."""
+"""The operator's transitions (requeue, expire_lease, cancel), one todo or a batch."""
 
 from __future__ import annotations
 
@@ -79,44 +79,59 @@ def test_expire_lease_needs_a_claimed_todo(make_todo: MakeTodo, starting: str) -
     assert Todo.objects.get(pk=todo.pk).updated_at == todo.updated_at
 
 
-# dead_letter
+# cancel
 
 
 @pytest.mark.parametrize("starting", ["ready", "waiting"])
-def test_dead_letter_cancels_a_pending_todo(make_todo: MakeTodo, starting: str) -> None:
+def test_cancel_makes_a_pending_todo_a_dead_letter(make_todo: MakeTodo, starting: str) -> None:
     """Pending, due or waiting for a retry, becomes failed; the reason is result and history."""
     todo = make_todo(**STARTING[starting])
-    dead = Todo.objects.dead_letter(todo.id, "  duplicate order  ")
+    dead = Todo.objects.cancel(todo.id, "  duplicate order  ")
     assert (dead.state, dead.next_retry_at, dead.owner) == (State.FAILED, None, None)
     assert dead.result == {"type": "Cancelled", "message": "duplicate order"}
     assert dead.errors[-1]["error"] == dead.result
-    assert dead.errors[-1]["attempt"] == todo.attempt
+    assert (dead.errors[-1]["attempt"], dead.errors[-1]["owner"]) == (todo.attempt, None)
     assert dead.completed_at == db_now()
     assert Todo.objects.get(pk=todo.pk).result == dead.result
 
 
-def test_a_dead_lettered_todo_can_be_requeued(make_todo: MakeTodo) -> None:
-    """A cancelled todo is an ordinary dead letter: requeue brings it back."""
-    todo = make_todo()
-    Todo.objects.dead_letter(todo.id, "wrong payload")
-    assert Todo.objects.requeue(todo.id).state == State.PENDING
+@pytest.mark.parametrize("starting", ["claimed", "lapsed"])
+def test_cancel_ends_a_claimed_todo_and_keeps_its_holder(
+    make_todo: MakeTodo, starting: str
+) -> None:
+    """A claimed todo becomes failed, its lease ended; its owner stays, so that the holder is
+    told "cancelled", and the attempt it ended is in the history."""
+    todo = make_todo(**STARTING[starting], attempt=2)
+    dead = Todo.objects.cancel(todo.id, "runaway agent")
+    assert (dead.state, dead.owner, dead.lease_expires_at) == (State.FAILED, "w1", None)
+    assert dead.result == {"type": "Cancelled", "message": "runaway agent"}
+    assert dead.errors[-1]["error"] == dead.result
+    assert (dead.errors[-1]["attempt"], dead.errors[-1]["owner"]) == (2, "w1")
 
 
-@pytest.mark.parametrize("starting", ["claimed", "lapsed", "done", "failed"])
-def test_dead_letter_needs_a_pending_todo(make_todo: MakeTodo, starting: str) -> None:
-    """Claimed, done and failed todos are refused, naming their state."""
+def test_a_cancelled_todo_can_be_requeued(make_todo: MakeTodo) -> None:
+    """A cancelled todo is an ordinary dead letter: requeue brings it back, without its holder."""
+    todo = make_todo(state=State.CLAIMED)
+    Todo.objects.cancel(todo.id, "wrong payload")
+    requeued = Todo.objects.requeue(todo.id)
+    assert (requeued.state, requeued.owner) == (State.PENDING, None)
+
+
+@pytest.mark.parametrize("starting", ["done", "failed"])
+def test_cancel_needs_a_pending_or_claimed_todo(make_todo: MakeTodo, starting: str) -> None:
+    """Done and failed todos are refused, naming their state."""
     todo = make_todo(**STARTING[starting])
-    with pytest.raises(TodoConflict, match=f"is {todo.state}; only pending todos can be dead"):
-        Todo.objects.dead_letter(todo.id, "no")
+    with pytest.raises(TodoConflict, match=f"is {todo.state}; only pending and claimed todos"):
+        Todo.objects.cancel(todo.id, "no")
     assert Todo.objects.get(pk=todo.pk).updated_at == todo.updated_at
 
 
 @pytest.mark.parametrize("reason", ["", "   ", "x" * (validation.REASON_MAX_LENGTH + 1), None])
-def test_dead_letter_needs_a_reason(make_todo: MakeTodo, reason: Any) -> None:
+def test_cancel_needs_a_reason(make_todo: MakeTodo, reason: Any) -> None:
     """Without a usable reason nothing is written."""
     todo = make_todo()
     with pytest.raises(InvalidTodo, match="reason"):
-        Todo.objects.dead_letter(todo.id, reason)
+        Todo.objects.cancel(todo.id, reason)
     assert Todo.objects.get(pk=todo.pk).state == State.PENDING
 
 
@@ -157,7 +172,7 @@ def test_a_batch_is_one_statement(make_todo: MakeTodo) -> None:
     calls: list[Callable[[], object]] = [
         lambda: Todo.objects.requeue_many(failed),
         lambda: Todo.objects.expire_lease_many(claimed),
-        lambda: Todo.objects.dead_letter_many(pending, "cancelled"),
+        lambda: Todo.objects.cancel_many(pending + claimed, "cancelled"),
     ]
     for call in calls:
         with CaptureQueriesContext(connection) as queries:
@@ -165,17 +180,21 @@ def test_a_batch_is_one_statement(make_todo: MakeTodo) -> None:
         assert len(statements(queries)) == 1, queries.captured_queries
 
 
-def test_expire_lease_many_and_dead_letter_many_refuse_by_state(make_todo: MakeTodo) -> None:
+def test_expire_lease_many_and_cancel_many_refuse_by_state(make_todo: MakeTodo) -> None:
     """The batch twins change what they may and explain the rest."""
     todos = {name: make_todo(**starting) for name, starting in STARTING.items()}
     ids = [todo.id for todo in todos.values()]
     expired = Todo.objects.expire_lease_many(ids)
     assert {todo.id for todo in expired.changed} == {todos["claimed"].id, todos["lapsed"].id}
     assert expired.refused[todos["ready"].id] == "it is pending, not claimed"
-    dead = Todo.objects.dead_letter_many(ids, "cleanup")
-    assert {todo.id for todo in dead.changed} == {todos["ready"].id, todos["waiting"].id}
-    assert dead.refused[todos["claimed"].id] == "it is claimed, not pending"
-    assert dead.refused[todos["failed"].id] == "it is failed, not pending"
+    dead = Todo.objects.cancel_many(ids, "cleanup")
+    assert {todo.id for todo in dead.changed} == {
+        todos[name].id for name in ("ready", "waiting", "claimed", "lapsed")
+    }
+    assert dead.refused == {
+        todos["done"].id: "it is done, neither pending nor claimed",
+        todos["failed"].id: "it is failed, neither pending nor claimed",
+    }
 
 
 def test_requeue_falls_back_to_one_by_one_when_a_key_is_taken_mid_statement(
@@ -225,7 +244,7 @@ def test_requeue_falls_back_to_one_by_one_when_a_key_is_taken_mid_statement(
     "call",
     [
         lambda: Todo.objects.expire_lease("td_missing"),
-        lambda: Todo.objects.dead_letter("td_missing", "gone"),
+        lambda: Todo.objects.cancel("td_missing", "gone"),
         lambda: Todo.objects.requeue("td_missing"),
     ],
 )
@@ -268,7 +287,7 @@ def test_async_twins(make_todo: MakeTodo) -> None:
     )
     manager = Todo.objects
     assert async_to_sync(manager.aexpire_lease)(claimed.id).state == State.CLAIMED
-    assert async_to_sync(manager.adead_letter)(pending.id, "x").state == State.FAILED
+    assert async_to_sync(manager.acancel)(pending.id, "x").state == State.FAILED
     assert async_to_sync(manager.arequeue_many)([failed.id, pending.id]).refused == {}
     assert async_to_sync(manager.aexpire_lease_many)([claimed.id]).changed[0].id == claimed.id
-    assert async_to_sync(manager.adead_letter_many)([failed.id], "y").changed[0].id == failed.id
+    assert async_to_sync(manager.acancel_many)([claimed.id], "y").changed[0].id == claimed.id

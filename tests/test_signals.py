@@ -88,12 +88,12 @@ def test_batches_send_once_per_statement(make_todo: MakeTodo, heard: Heard) -> N
     claimed = Todo.objects.claim_batch("default", "w1", 30, limit=5)
     done = Todo.objects.complete_many("w1", {todo.id: None for todo in claimed})
     pending = make_todo()
-    Todo.objects.dead_letter_many([pending.id], "no longer needed")
+    Todo.objects.cancel_many([pending.id], "no longer needed")
     assert heard == [
         ("created", "create_many", sorted(ids)),
         ("claimed", "claim_next", sorted(ids)),
         ("completed", "complete_many", sorted(done)),
-        ("dead_lettered", "dead_letter", [pending.id]),
+        ("dead_lettered", "cancel", [pending.id]),
     ]
 
 

@@ -274,6 +274,7 @@ def test_claim_next_is_an_index_scan_per_queue(
         "default_ttl": "30s",
         "limit": 1,
         "max_held": None,
+        "max_errors_kept": 20,
         **claim_marks(queues, known=generic),
     }
     plan = explain_generic("claim_next", params) if generic else explain("claim_next", params)
@@ -311,6 +312,7 @@ def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
         "default_ttl": "30s",
         "limit": 10,
         "max_held": None,
+        "max_errors_kept": 20,
         **claim_marks(["a", "b"], known=True),
     }
     before = explain_generic("claim_next", params)["Total Cost"]
@@ -332,7 +334,7 @@ def test_claim_scans_lock_under_the_largest_claim_limit() -> None:
 
 def test_reap_uses_the_lease_index(backlog: None) -> None:
     """The reaper reads only in-flight rows, through idx_todos_lease."""
-    plan = explain("reap_expired", {"notify": True, "limit": 1000})
+    plan = explain("reap_expired", {"notify": True, "limit": 1000, "max_errors_kept": 20})
     assert "idx_todos_lease" in {node.get("Index Name") for node in nodes(plan)}
 
 
@@ -348,6 +350,7 @@ def test_create_todo_conflict_target_matches_the_dedupe_index(db: None) -> None:
         "idempotency_key": "key",
         "assignee": None,
         "max_attempts": 5,
+        "default_max_attempts": 5,
         "priority": 0,
         "concurrency_key": None,
         "run_after": None,

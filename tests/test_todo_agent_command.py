@@ -70,3 +70,24 @@ def test_create_refuses_a_taken_name() -> None:
     run("create", "bot")
     with pytest.raises(CommandError, match="exists already"):
         run("create", "bot")
+
+
+def test_quotas_are_set_at_creation_changed_and_reset_to_the_settings() -> None:
+    run("create", "bot", "--queue", "work", "--max-held", "3", "--max-creates-per-minute", "60")
+    agent = Agent.objects.get(name="bot")
+    assert (agent.max_held, agent.max_creates_per_minute, agent.max_attempts_limit) == (3, 60, None)
+    assert run("limits", "bot", "--max-held", "default", "--max-attempts", "7") == [
+        "Agent 'bot': max_held 100 (default), max_creates_per_minute 60, max_attempts_limit 7."
+    ]
+    agent.refresh_from_db()
+    assert (agent.max_held, agent.max_creates_per_minute, agent.max_attempts_limit) == (None, 60, 7)
+    assert run("list")[0].endswith(
+        "max_held 100 (default), max_creates_per_minute 60, max_attempts_limit 7"
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many"])
+def test_quotas_are_whole_numbers_of_one_or_more(value: str) -> None:
+    with pytest.raises(CommandError, match="max-held"):
+        run("create", "bot", "--max-held", value)
+    assert not Agent.objects.exists()

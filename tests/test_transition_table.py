@@ -10,6 +10,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.db import connection
 
+from switchboard_todos.exceptions import TodoCancelled, TodoConflict
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import SOURCE, queries, written
 from switchboard_todos.transitions import REPAIRS, TRANSITIONS
@@ -77,8 +78,8 @@ def test_the_guard_parser_reads_each_form() -> None:
 
 @pytest.mark.parametrize("name", TRANSITIONS)
 def test_each_transition_is_a_manager_method(name: str) -> None:
-    """The row, the SQL block and the method share one name."""
-    assert callable(getattr(Todo.objects, name))
+    """The row, the SQL block and the method share one name (or the row names its method)."""
+    assert callable(getattr(Todo.objects, TRANSITIONS[name].method or name))
     assert name in queries
 
 
@@ -108,7 +109,8 @@ def test_every_message_of_every_row_can_be_said(make_todo: MakeTodo, state: str)
     """Each template names only columns the miss classification reads (no KeyError at a miss)."""
     row = seen(make_todo(state=state, owner="w1" if state == State.CLAIMED else None))
     for transition in TRANSITIONS.values():
-        templates = [transition.wrong_state] + [item.conflict for item in transition.obstacles]
+        obstacles = transition.obstacles + transition.ended_by
+        templates = [transition.wrong_state] + [item.conflict for item in obstacles]
         for template in filter(None, templates):
             assert row["id"] in template.format(**row, caller="w2", operation=transition.name)
         if transition.not_in_state:
@@ -125,3 +127,15 @@ def test_a_miss_nothing_explains_says_the_todo_changed(make_todo: MakeTodo) -> N
     assert (
         TRANSITIONS["expire_lease"].refusal(row) == "it changed while the operation ran; try again"
     )
+
+
+def test_an_owner_guarded_miss_of_a_cancelled_hold_is_told_as_a_cancel(make_todo: MakeTodo) -> None:
+    """The rows of the holder's verbs explain a cancel first, with TodoCancelled."""
+    todo = make_todo(state=State.CLAIMED, owner="w1")
+    Todo.objects.cancel(todo.id, "stop")
+    row = seen(todo)
+    for transition in TRANSITIONS.values():
+        if transition.owner_guarded:
+            assert transition.error(row, "w1") is TodoCancelled, transition.name
+            assert transition.error(row, "w2") is TodoConflict, transition.name
+            assert "cancelled by an operator" in transition.conflict(row, "w1")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -81,7 +82,7 @@ FAULTS: dict[str, tuple[Callable[[], object], str]] = {
         "results must map todo ids to results, not list",
     ),
     "requeue surrogate id": (lambda: Todo.objects.requeue(LONE), "todo id contains"),
-    "surrogate reason": (lambda: Todo.objects.dead_letter("td_x", LONE), "reason contains"),
+    "surrogate reason": (lambda: Todo.objects.cancel("td_x", LONE), "reason contains"),
     "enqueue_many surrogate": (
         lambda: Todo.objects.enqueue_many([{"kind": LONE}]),
         "todo #0: kind contains an unpaired",
@@ -141,6 +142,33 @@ def test_json_values_near_the_rules(db: None, value: Any, stored: bool) -> None:
     todo = Todo.objects.create_todo(kind="k", payload={"value": value})[0]
     todo.refresh_from_db()
     assert todo.payload == {"value": value}
+
+
+def test_the_whitespace_class_is_what_str_isspace_calls_whitespace() -> None:
+    """The class the API's schema states blank text with (api/schemas.py) is the core's."""
+    whitespace = re.compile(f"[{validation.WHITESPACE}]")
+    everything = map(chr, range(0x110000))
+    assert [char for char in everything if whitespace.fullmatch(char)] == [
+        char for char in map(chr, range(0x110000)) if char.isspace()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("run_after", "stored"),
+    [
+        (datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))), None),
+        (
+            datetime(9999, 12, 31, 23, 59, tzinfo=timezone(-timedelta(hours=1))),
+            datetime.max.replace(tzinfo=UTC),
+        ),
+    ],
+)
+def test_a_run_after_beyond_the_years_python_holds_is_the_first_or_last_moment(
+    db: None, run_after: datetime, stored: datetime | None
+) -> None:
+    """In UTC it would be year 0 or 10000: stored as such, the todo could not be read back."""
+    todo, _ = Todo.objects.create_todo(queue="q", kind="k", run_after=run_after)
+    assert Todo.objects.get(pk=todo.pk).next_retry_at == stored
 
 
 def test_the_json_size_limit_counts_utf8_bytes(settings: Any) -> None:
@@ -222,11 +250,17 @@ METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "max_held": st.none() | st.integers(0, 3),
     },
     "claim": {"todo_id": TODO_ID, "owner": st.just("w1"), "ttl": SECONDS},
-    "heartbeat": {"todo_id": TODO_ID, "owner": st.just("w1"), "ttl": SECONDS},
+    "heartbeat": {
+        "todo_id": TODO_ID,
+        "owner": st.just("w1"),
+        "ttl": SECONDS,
+        "progress": st.none() | JSON,
+    },
     "heartbeat_many": {
         "owner": st.just("w1"),
         "ttl": SECONDS,
         "todo_ids": st.lists(TODO_ID, min_size=1, max_size=3),
+        "progress": st.none() | st.dictionaries(TODO_ID, JSON),
     },
     "complete": {"todo_id": TODO_ID, "owner": st.just("w1"), "result": JSON},
     "complete_many": {"owner": st.just("w1"), "results": st.dictionaries(TODO_ID, JSON)},
@@ -242,8 +276,8 @@ METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "requeue_many": {"todo_ids": st.lists(TODO_ID, min_size=1, max_size=3)},
     "expire_lease": {"todo_id": TODO_ID},
     "expire_lease_many": {"todo_ids": st.lists(TODO_ID, min_size=1, max_size=3)},
-    "dead_letter": {"todo_id": TODO_ID, "reason": st.just("stop")},
-    "dead_letter_many": {
+    "cancel": {"todo_id": TODO_ID, "reason": st.just("stop")},
+    "cancel_many": {
         "todo_ids": st.lists(TODO_ID, min_size=1, max_size=3),
         "reason": st.just("stop"),
     },

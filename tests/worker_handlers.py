@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from switchboard_todos.handlers import handler
+from switchboard_todos.exceptions import TodoCancelled
+from switchboard_todos.handlers import handler, report_progress, todo_cancelled
 from switchboard_todos.models import Todo
 
 #: A file name as os.fsdecode gives it for bytes that are not UTF-8: with a lone surrogate.
@@ -92,5 +93,33 @@ def poison_result(todo: Todo) -> dict[str, Any]:
 @handler("test.hang", timeout=0.5)
 def hang(todo: Todo) -> dict[str, Any]:
     """A gated handler with a timeout of half a second: it hangs until the test opens the gate."""
+    wait_for_gate(todo.payload["started"], todo.payload["gate"], f"{todo.id} {todo.attempt}")
+    return {"late": True}
+
+
+@handler("test.cancellable")
+def cancellable(todo: Todo) -> dict[str, Any]:
+    """Report its progress until an operator cancels the todo, then write the last step to the
+    file `stopped` and return a result, which the worker must drop."""
+    with Path(todo.payload["started"]).open("a") as marker:
+        marker.write(f"{todo.id} {todo.attempt}\n")
+    deadline = time.monotonic() + GATE_TIMEOUT
+    step = 0
+    try:
+        while not todo_cancelled():
+            if time.monotonic() > deadline:
+                raise TimeoutError("never cancelled")
+            step += 1
+            report_progress({"step": step})  # raises TodoCancelled once cancelled
+            time.sleep(0.02)
+    except TodoCancelled:
+        pass
+    Path(todo.payload["stopped"]).write_text(str(step))
+    return {"late": step}
+
+
+@handler("test.stubborn")
+def stubborn(todo: Todo) -> dict[str, Any]:
+    """A gated handler that never asks whether it was cancelled."""
     wait_for_gate(todo.payload["started"], todo.payload["gate"], f"{todo.id} {todo.attempt}")
     return {"late": True}

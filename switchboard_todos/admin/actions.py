@@ -1,4 +1,4 @@
-"""The operator's repairs: requeue, expire a lease, dead-letter, as permission-gated actions.
+"""The operator's repairs: requeue, expire a lease, cancel, set a priority, as gated actions.
 
 Every change of state calls the manager's guarded transitions in batches (so "all that match the
 filter" works at any size), writes one LogEntry per todo it changed, and tells the operator what
@@ -78,11 +78,16 @@ def _expire_operation(using: str) -> Operation:
     )
 
 
-def _dead_letter_operation(using: str, reason: str) -> Operation:
+def _cancel_operation(using: str, reason: str) -> Operation:
     return Operation(
-        *REPAIRS["dead_letter"],
-        run=lambda ids: Todo.objects.db_manager(using).dead_letter_many(ids, reason),
-        log=lambda todo: f"Dead-lettered (cancelled) while pending: {reason}",
+        *REPAIRS["cancel"],
+        run=lambda ids: Todo.objects.db_manager(using).cancel_many(ids, reason),
+        log=lambda todo: (
+            f"Cancelled while claimed by {todo.owner} (attempt {todo.attempt} of "
+            f"{todo.max_attempts}): {reason}"
+            if todo.owner is not None
+            else f"Cancelled while pending: {reason}"
+        ),
     )
 
 
@@ -107,13 +112,14 @@ class SetPriorityForm(forms.Form):
     )
 
 
-class DeadLetterForm(forms.Form):
+class CancelForm(forms.Form):
     reason = forms.CharField(
         label=_("Reason"),
         max_length=REASON_MAX_LENGTH,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text=_(
-            "Why these todos are cancelled. Kept in each todo's result and failure history."
+            "Why these todos are cancelled. Kept in each todo's result and failure history, "
+            "and told to the worker or agent running one."
         ),
     )
 
@@ -134,8 +140,8 @@ class TodoActions(TodoModelAdmin):
     def has_expire_lease_permission(self, request: HttpRequest) -> bool:
         return may_repair(request, REPAIRS["expire_lease"][1])
 
-    def has_dead_letter_permission(self, request: HttpRequest) -> bool:
-        return may_repair(request, REPAIRS["dead_letter"][1])
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return may_repair(request, REPAIRS["cancel"][1])
 
     def has_set_priority_permission(self, request: HttpRequest) -> bool:
         return may_repair(request, REPAIRS["set_priority"][1])
@@ -157,23 +163,19 @@ class TodoActions(TodoModelAdmin):
         self.run_operation(request, queryset, _expire_operation(queryset.db))
 
     @admin.action(
-        permissions=["dead_letter"],
-        description=_("Dead-letter (cancel) selected pending todos…"),
+        permissions=["cancel"],
+        description=_("Cancel selected pending and claimed todos…"),
     )
-    def dead_letter_selected(
+    def cancel_selected(
         self, request: HttpRequest, queryset: QuerySet[Todo]
     ) -> TemplateResponse | None:
-        form = DeadLetterForm(request.POST if "post" in request.POST else None)
+        form = CancelForm(request.POST if "post" in request.POST else None)
         if form.is_valid():
             self.run_operation(
-                request,
-                queryset,
-                _dead_letter_operation(queryset.db, form.cleaned_data["reason"]),
+                request, queryset, _cancel_operation(queryset.db, form.cleaned_data["reason"])
             )
             return None
-        return self._confirm(
-            request, queryset, form, "dead_letter", _("Dead-letter (cancel) todos")
-        )
+        return self._confirm(request, queryset, form, "cancel", _("Cancel todos"))
 
     @admin.action(
         permissions=["set_priority"],
@@ -200,9 +202,9 @@ class TodoActions(TodoModelAdmin):
         name: str,
         title: Any,
     ) -> TemplateResponse:
-        """The page that asks for an action's input, listing the pending todos it changes."""
+        """The page that asks for an action's input, listing the todos it changes."""
         from_states = TRANSITIONS[name].from_states
-        pending = queryset.filter(state__in=from_states)
+        applies = queryset.filter(state__in=from_states)
         context = {
             **self.admin_site.each_context(request),
             "title": title,
@@ -211,9 +213,9 @@ class TodoActions(TodoModelAdmin):
             "form": form,
             "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "select_across": request.POST.get("select_across", "0"),
-            "pending_count": capped_count(pending),
+            "count": capped_count(applies),
             "other_count": capped_count(queryset.exclude(state__in=from_states)),
-            "shown": list(pending.defer(*JSON_COLUMNS)[:100]),
+            "shown": list(applies.defer(*JSON_COLUMNS)[:100]),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "action_name": f"{name}_selected",
         }

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.core.validators import MinValueValidator
 from django.db.models import QuerySet
-from django.forms import ModelForm
+from django.forms import IntegerField, ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -34,16 +35,42 @@ else:  # Django's classes take no type parameters at run time.
 #: Where save_model leaves a new agent's token for response_add (on the agent, never on the
 #: admin, which every request shares).
 ISSUED = "_issued_token"
+#: Not `is_active`: an agent is revoked and made active again by the actions only, so that
+#: re-activation always comes with a new token (agents/accounts.py).
 FIELDS = [
     "name",
     "claim_queues",
     "create_queues",
-    "is_active",
+    "max_held",
+    "max_creates_per_minute",
+    "max_attempts_limit",
     "token_prefix",
     "token_generation",
     "created_at",
     "last_seen_at",
 ]
+#: The quotas (empty: the project's SWITCHBOARD_TODOS_AGENT_* setting). Zero would refuse every
+#: claim or creation for good, which revoking the token or dropping a grant says better.
+QUOTAS = ["max_held", "max_creates_per_minute", "max_attempts_limit"]
+
+
+if TYPE_CHECKING:
+    AgentModelForm = ModelForm[Agent]
+else:
+    AgentModelForm = ModelForm
+
+
+class AgentForm(AgentModelForm):
+    """The agent's fields (the admin chooses which), its quotas at least 1."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in QUOTAS:
+            field = self.fields.get(name)
+            if isinstance(field, IntegerField):
+                field.min_value = 1
+                field.validators.append(MinValueValidator(1))
+                field.widget.attrs["min"] = 1
 
 
 @admin.register(Agent)
@@ -62,6 +89,7 @@ class AgentAdmin(RefusesNul, AgentModelAdmin):
     list_filter = ["is_active"]
     search_fields = ["name"]
     actions = ["rotate_tokens", "revoke_tokens"]
+    form = AgentForm
 
     def get_readonly_fields(self, request: HttpRequest, obj: Agent | None = None) -> list[str]:
         """Tokens are never edited; a name never changes, as the todos it held keep it."""
@@ -69,8 +97,7 @@ class AgentAdmin(RefusesNul, AgentModelAdmin):
         return readonly if obj is None else ["name", *readonly]
 
     def get_fields(self, request: HttpRequest, obj: Agent | None = None) -> Any:
-        """A new agent is active: revoke it afterwards if need be."""
-        return FIELDS if obj is not None else [name for name in FIELDS if name != "is_active"]
+        return FIELDS
 
     def save_model(
         self, request: HttpRequest, obj: Agent, form: ModelForm[Agent], change: bool

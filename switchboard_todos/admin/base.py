@@ -21,8 +21,9 @@ else:  # Django's classes take no type parameters at run time.
     TodoInlineAdmin = admin.TabularInline
     AnyModelAdmin = object
 
-#: The JSON columns, left out of list pages: they can be large and the list never shows them.
-JSON_COLUMNS = ("payload", "result", "errors")
+#: The JSON columns, left out of list pages: they can be large and the list never shows them
+#: whole (of a progress note, the todo list reads only its head: todos.py).
+JSON_COLUMNS = ("payload", "result", "errors", "progress")
 
 
 class ReadOnly:

@@ -1,4 +1,4 @@
-"""How the detail pages show what is stored: JSON, failure histories, links to events."""
+"""How the pages show what is stored: JSON, progress notes, failure histories, links."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from django.utils.dateparse import parse_datetime
 from django.utils.formats import localize
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 FAILURE_COLUMNS = (
     _("attempt"),
@@ -35,6 +37,12 @@ def pretty_json(value: Any) -> SafeString:
     )
 
 
+def progress_head(head: str | None, length: int) -> str:
+    """The first `length` characters of a progress note as text (a string note unquoted),
+    `head` holding at most one more, so that a longer note ends in an ellipsis."""
+    return "—" if head is None else Truncator(head).chars(length)
+
+
 def event_link(event_id: str | None) -> SafeString | str:
     """A link to an event's admin page from its id, without loading the event."""
     return _link("event", event_id)
@@ -53,8 +61,9 @@ def _link(model: str, pk: str | None) -> SafeString | str:
     return format_html('<a href="{}">{}</a>', url, pk)
 
 
-def failure_table(errors: Any) -> SafeString | str:
-    """A todo's failure history as a table, one row per failed or lapsed attempt."""
+def failure_table(errors: Any, dropped: int = 0) -> SafeString | str:
+    """A todo's failure history as a table, one row per failed or lapsed attempt; `dropped`
+    earlier ones were not kept (SWITCHBOARD_TODOS_MAX_ERRORS_KEPT), which its caption says."""
     entries = [entry for entry in errors or [] if isinstance(entry, dict)]
     if not entries:
         return str(_("No failed attempts."))
@@ -79,8 +88,22 @@ def failure_table(errors: Any) -> SafeString | str:
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
         rows,
     )
+    caption = (
+        format_html(
+            "<caption>{}</caption>",
+            ngettext(
+                "The %(count)d failed attempt before these is not kept.",
+                "The %(count)d failed attempts before these are not kept.",
+                dropped,
+            )
+            % {"count": dropped},
+        )
+        if dropped
+        else ""
+    )
     return format_html(
-        '<table class="switchboard-failures"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+        '<table class="switchboard-failures">{}<thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+        caption,
         header,
         body,
     )

@@ -12,8 +12,8 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import BooleanField, ExpressionWrapper, F, Q, QuerySet
-from django.db.models.functions import Now
+from django.db.models import BooleanField, ExpressionWrapper, F, Func, Q, QuerySet, TextField
+from django.db.models.functions import Left, Now
 from django.http import HttpRequest
 from django.urls import URLPattern, path
 from django.utils import timezone
@@ -28,7 +28,12 @@ from switchboard_todos.admin.actions import TodoActions
 from switchboard_todos.admin.base import JSON_COLUMNS, ReadOnly, RefusesNul
 from switchboard_todos.admin.databases import DatabaseFilter
 from switchboard_todos.admin.dates import AdminTodoQuerySet
-from switchboard_todos.admin.display import event_link, failure_table, pretty_json
+from switchboard_todos.admin.display import (
+    event_link,
+    failure_table,
+    pretty_json,
+    progress_head,
+)
 from switchboard_todos.admin.filters import (
     AssigneeFilter,
     AttentionFilter,
@@ -42,20 +47,28 @@ from switchboard_todos.models import State, Todo
 
 #: A todo id as the app and the Go service make them; searched by primary key alone.
 TODO_ID = re.compile(r"td_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: Characters of a progress note the list shows.
+PROGRESS_CHARS = 60
 
 
 class TodoChangeList(ChangeList):
-    """The todo list, without the JSON columns it does not show."""
+    """The todo list, without the JSON columns it does not show, and with the head of each
+    progress note, cut in the database (`#>> '{}'`: a string note as its text, unquoted)."""
 
     def get_queryset(
         self, request: HttpRequest, exclude_parameters: list[str | None] | None = None
     ) -> QuerySet[Any]:
-        return super().get_queryset(request, exclude_parameters).defer(*JSON_COLUMNS)
+        note = Func(F("progress"), template="(%(expressions)s #>> '{}')", output_field=TextField())
+        todos: QuerySet[Any] = (
+            super().get_queryset(request, exclude_parameters).defer(*JSON_COLUMNS)
+        )
+        listed: QuerySet[Any] = todos.annotate(progress_head=Left(note, PROGRESS_CHARS + 1))
+        return listed
 
 
 @admin.register(Todo)
 class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
-    """Todos, read-only; requeue, expire-lease and dead-letter as gated actions."""
+    """Todos, read-only; requeue, expire-lease, cancel and set-priority as gated actions."""
 
     list_display = [
         "short_id",
@@ -66,6 +79,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
         "owner",
         "attempts",
         "lease_or_retry",
+        "progress_note",
         "created_at",
     ]
     list_filter = [
@@ -93,7 +107,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
     actions = [
         "requeue_selected",
         "expire_lease_selected",
-        "dead_letter_selected",
+        "cancel_selected",
         "set_priority_selected",
     ]
     fieldsets = [
@@ -135,7 +149,15 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
                 ],
             },
         ),
-        (_("Input and outcome"), {"fields": ["payload_json", "result_json"]}),
+        (
+            _("Input and outcome"),
+            {
+                "description": _(
+                    "The progress note is the latest its holder reported with a heartbeat."
+                ),
+                "fields": ["payload_json", "progress_json", "result_json"],
+            },
+        ),
         (
             _("Failure history"),
             {
@@ -214,6 +236,10 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
             )
         return "—"
 
+    @admin.display(description=_("progress"))
+    def progress_note(self, todo: Todo) -> str:
+        return progress_head(getattr(todo, "progress_head", None), PROGRESS_CHARS)
+
     # Detail fields
 
     @admin.display(description=_("event"))
@@ -237,13 +263,17 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
     def payload_json(self, todo: Todo) -> SafeString:
         return pretty_json(todo.payload)
 
+    @admin.display(description=_("progress note"))
+    def progress_json(self, todo: Todo) -> SafeString:
+        return pretty_json(todo.progress)
+
     @admin.display(description=_("result (or the last error)"))
     def result_json(self, todo: Todo) -> SafeString:
         return pretty_json(todo.result)
 
     @admin.display(description=_("failed attempts"))
     def failure_history(self, todo: Todo) -> SafeString | str:
-        return failure_table(todo.errors)
+        return failure_table(todo.errors, todo.errors_dropped)
 
     # Extra pages
 

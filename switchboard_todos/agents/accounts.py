@@ -1,17 +1,26 @@
 """Creating agents and changing their tokens: what the admin and `manage.py todo_agent` share.
 
 Each returns the new token, which exists nowhere else: show it once, then it is gone.
+
+Credentials stay dead. Every new token comes with a new credential salt, which the agent's SQS
+secret is derived from (sqs/signing.py): an agent deleted and created again under the same
+name gets a new secret. Revocation destroys both: the stored hash becomes a mark no token
+hashes to (kept only to tell the revoked token's holder that it was revoked), and the salt is
+new. So whatever makes a revoked agent active again, its old token and secret never work
+again; `rotate_token` is how an operator re-activates one, with a token shown once.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
 
 from django.core.exceptions import ValidationError
-from django.db.models import F
+from django.db.models import Case, F, TextField, Value, When
+from django.db.models.functions import Concat
 
 from switchboard_todos import validation
-from switchboard_todos.agents.tokens import issue_token
+from switchboard_todos.agents.tokens import REVOKED, issue_token
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.models import Agent, agent_name_validator
 
@@ -44,6 +53,7 @@ def rotate_token(agent: Agent) -> str:
         token_hash=issued.hash,
         token_prefix=issued.prefix,
         token_generation=F("token_generation") + 1,
+        credential_salt=secrets.token_hex(),
         is_active=True,
     )
     agent.refresh_from_db()
@@ -51,8 +61,16 @@ def rotate_token(agent: Agent) -> str:
 
 
 def revoke(agent: Agent) -> None:
-    """Refuse `agent`'s token from now on (its leases lapse as any worker's do)."""
-    Agent.objects.filter(pk=agent.pk).update(is_active=False)
+    """Refuse `agent`'s token and SQS secret from now on, for good (its leases lapse as any
+    worker's do); only `rotate_token` gives it credentials again."""
+    Agent.objects.filter(pk=agent.pk).update(
+        token_hash=Case(
+            When(token_hash__startswith=REVOKED, then="token_hash"),
+            default=Concat(Value(REVOKED), "token_hash", output_field=TextField()),
+        ),
+        credential_salt=secrets.token_hex(),
+        is_active=False,
+    )
     agent.refresh_from_db()
 
 

@@ -93,6 +93,10 @@ BODY_TOO_LARGE = ErrorKind(
 )
 #: HTTP only: a path the API does not have.
 ROUTE_NOT_FOUND = ErrorKind(404, "route-not-found", "No such route", "Check the method and path.")
+#: HTTP only: a method the path does not take (its answer says which it takes: Allow).
+METHOD_NOT_ALLOWED = ErrorKind(
+    405, "method-not-allowed", "Method not allowed", "Use a method the Allow header lists."
+)
 #: Faults of the server, not of the agent (HTTP only; logged, never with a traceback).
 UNAVAILABLE = ErrorKind(
     503, "unavailable", "Service unavailable", "Retry after a pause.", "ServiceUnavailable"

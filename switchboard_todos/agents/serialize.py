@@ -39,6 +39,7 @@ class TodoJSON(TypedDict):
     completed_at: str | None
     result: Any
     last_error: Any
+    progress: Any
 
 
 def todo_json(todo: Todo) -> TodoJSON:
@@ -54,11 +55,11 @@ def todo_json(todo: Todo) -> TodoJSON:
         "state": todo.state,
         "owner": todo.owner,
         "assignee": todo.assignee,
-        "idempotency_key": todo.idempotency_key,
+        "idempotency_key": key_as_given(todo, todo.idempotency_key),
         "attempt": todo.attempt,
         "max_attempts": todo.max_attempts,
         "priority": todo.priority,
-        "concurrency_key": todo.concurrency_key,
+        "concurrency_key": key_as_given(todo, todo.concurrency_key),
         "lease_expires_at": _time(todo.lease_expires_at),
         "next_retry_at": _time(todo.next_retry_at),
         "created_at": _time(todo.created_at),
@@ -68,7 +69,18 @@ def todo_json(todo: Todo) -> TodoJSON:
         "result": todo.result,
         # The error of the last failed or lapsed attempt, from the todo's history.
         "last_error": errors[-1].get("error") if isinstance(errors, list) and errors else None,
+        # The holder's latest progress note (heartbeat's `progress`).
+        "progress": todo.progress,
     }
+
+
+def key_as_given(todo: Todo, key: str | None) -> str | None:
+    """One of `todo`'s keys as whoever created it gave it: the service stores an agent's keys
+    scoped to it (its source, a slash, the key: `agent:<name>/<key>`; service._scoped_key)."""
+    scope = f"{todo.source}/"
+    if key is not None and todo.source.startswith("agent:") and key.startswith(scope):
+        return key[len(scope) :]
+    return key
 
 
 def _time(value: datetime | None) -> str | None:

@@ -16,36 +16,38 @@ claim queues live in: a todo id is looked for in each, a list merges theirs, and
 from each in turn.
 
 Every function has an `a`-prefixed async twin; `aclaim` waits for work on the LISTEN path
-without holding a thread.
+holding neither a thread nor a connection (waiting.py). A claim with a wait is admitted only
+while the agent has fewer than SWITCHBOARD_TODOS_AGENT_MAX_WAITS waiting (waits.py).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import itertools
-import json
+import re
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connections, router
+from django.db import connections, router, transaction
 from django.db.models import Q
 
-from switchboard_todos import cursors, placement, validation
-from switchboard_todos.agents import errors, tokens
+from switchboard_todos import cursors, placement, validation, waiting
+from switchboard_todos.agents import errors, tokens, waits
+from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import (
     InvalidTodo,
     NotAuthenticated,
     QueueNotGranted,
+    Throttled,
     TodoConflict,
     TodoNotFound,
 )
 from switchboard_todos.managers import TodoManager, run_now
 from switchboard_todos.models import Agent, State, Todo
 from switchboard_todos.sql import agent_queries
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
 from switchboard_todos.validation import Seconds
 
 P = ParamSpec("P")
@@ -57,9 +59,22 @@ MAX_WAIT = 20
 ACROSS_WAIT = 1.0
 #: Most todos one claim takes.
 MAX_CLAIM_LIMIT = 10
+#: Longest Retry-After of a claim refused at the agent's quota of held todos, in seconds.
+HELD_RETRY_MAX = 60
+#: Longest idempotency or concurrency key an agent gives, as SQS's MessageDeduplicationId: the
+#: key scoped to the agent (`_scoped_key`) then fits the core's limit whatever the agent's name.
+MAX_KEY_LENGTH = 128
 #: Most todos one page of `list_todos` holds, and how many without a `limit`.
 MAX_PAGE = 100
 DEFAULT_PAGE = 50
+#: A page's position (`next_cursor`): the microsecond its last todo was created, and its id.
+CURSOR_PATTERN = r"^-?[0-9]{1,18}:[^\x00]*$"
+_CURSOR = re.compile(CURSOR_PATTERN.removeprefix("^").removesuffix("$"))
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 class Page(NamedTuple):
@@ -73,17 +88,29 @@ class Page(NamedTuple):
 
 
 def authenticate(token: str | None) -> Agent:
-    """The active agent holding `token`, or NotAuthenticated; one statement."""
+    """The active agent holding `token`, or NotAuthenticated; one statement (two for a token
+    that is refused)."""
+    check_shape(token)
+    assert token is not None
+    token_hash = tokens.token_hash(token)
+    agent = _agent_by_hash(token_hash)
+    if agent is None:
+        revoked = Agent.objects.filter(token_hash=tokens.REVOKED + token_hash)
+        name = revoked.values_list("name", flat=True).first()
+        if name is None:
+            raise NotAuthenticated("Unknown token.")
+        raise NotAuthenticated(f"The token of agent {name!r} was revoked.")
+    if not agent.is_active:
+        raise NotAuthenticated(f"The token of agent {agent.name!r} was revoked.")
+    return agent
+
+
+def check_shape(token: str | None) -> None:
+    """Refuse a missing or malformed token, without the database (NotAuthenticated)."""
     if not token:
         raise NotAuthenticated(errors.NO_TOKEN)
     if not isinstance(token, str) or not tokens.well_formed(token):
         raise NotAuthenticated("Unknown token.")
-    agent = _agent_by_hash(tokens.token_hash(token))
-    if agent is None:
-        raise NotAuthenticated("Unknown token.")
-    if not agent.is_active:
-        raise NotAuthenticated(f"The token of agent {agent.name!r} was revoked.")
-    return agent
 
 
 def _agent_by_hash(token_hash: str) -> Agent | None:
@@ -159,22 +186,30 @@ def claim(
     *,
     queues: Iterable[str] | None = None,
     todo_id: str | None = None,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
     """Claim up to `limit` todos from `queues` (all its claim queues by default), or one by id.
 
     With `wait` (seconds, at most MAX_WAIT), block until a todo is claimable; the list is empty
-    when none became claimable in time. The async twin waits without holding a thread.
+    when none became claimable in time. The async twin waits without holding a thread. An
+    agent with SWITCHBOARD_TODOS_AGENT_MAX_WAITS claims waiting already is Throttled.
     """
     if todo_id is not None:
         return [_claim_one(agent, queues, todo_id, ttl, wait, limit)]
     names, seconds, count = _claim_arguments(agent, queues, wait, limit)
     placed = placement.by_database(names)
-    if len(placed) == 1:
-        return Todo.objects.claim_batch(names, agent.name, ttl, count, wait=seconds)
-    return run_now(_claim_across(agent, placed, ttl, seconds, count, blocking=True))
+    quota = _max_held(agent)
+    with waits.admitted(agent, seconds):
+        claimed = _claim_now(agent, placed, ttl, count, quota)
+        if claimed or not seconds:
+            return claimed
+        if len(placed) == 1:
+            return Todo.objects.claim_batch(
+                names, agent.name, ttl, count, wait=seconds, max_held=quota
+            )
+        return run_now(_claim_across(agent, placed, ttl, seconds, count, quota, blocking=True))
 
 
 async def aclaim(
@@ -182,27 +217,55 @@ async def aclaim(
     *,
     queues: Iterable[str] | None = None,
     todo_id: str | None = None,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
-    """Async twin of `claim`: waits on the LISTEN path, suspended, not blocking a thread."""
+    """Async twin of `claim`: waits on the LISTEN path, suspended, holding neither a thread nor
+    a connection (the request's own is given back before the wait)."""
     if todo_id is not None:
         one = await sync_to_async(_claim_one)(agent, queues, todo_id, ttl, wait, limit)
         return [one]
     names, seconds, count = _claim_arguments(agent, queues, wait, limit)
     placed = placement.by_database(names)
-    if len(placed) == 1:
-        return await Todo.objects.aclaim_batch(names, agent.name, ttl, count, wait=seconds)
-    return await _claim_across(agent, placed, ttl, seconds, count, blocking=False)
+    quota = _max_held(agent)
+    async with waits.awaiting(agent, seconds):
+        if not seconds:
+            return await sync_to_async(_claim_now)(agent, placed, ttl, count, quota)
+        # A long poll claims on the claim threads from the first claim on (waiting.py).
+        claims = waiting.claim_threads()
+        claimed = await claims.run(agent.name, _claim_now, agent, placed, ttl, count, quota)
+        if claimed:
+            return claimed
+        if len(placed) == 1:
+            return await Todo.objects.aclaim_batch(
+                names, agent.name, ttl, count, wait=seconds, max_held=quota
+            )
+        return await _claim_across(agent, placed, ttl, seconds, count, quota, blocking=False)
+
+
+def _claim_now(
+    agent: Agent, placed: dict[str, list[str]], ttl: Seconds | None, count: int, quota: int
+) -> list[Todo]:
+    """A claim that does not wait, taking only as many as bring the todos the agent holds up to
+    its quota; Throttled when it claimed nothing because the agent holds that many already.
+
+    A claim that would wait claims this way first, so that an agent at its quota is answered
+    at once rather than at the end of a wait that could bring it nothing.
+    """
+    claimed = _claim_each(agent, placed, ttl, count, quota)
+    if not claimed:
+        _refuse_at_held_quota(agent, list(placed), quota)
+    return claimed
 
 
 async def _claim_across(
     agent: Agent,
     placed: dict[str, list[str]],
-    ttl: Seconds,
+    ttl: Seconds | None,
     seconds: float,
     count: int,
+    quota: int,
     *,
     blocking: bool,
 ) -> list[Todo]:
@@ -210,36 +273,43 @@ async def _claim_across(
     while `seconds` last, a wait of at most ACROSS_WAIT in each database in turn (woken at once
     by its notifications), so a todo in another one waits at most ACROSS_WAIT.
 
-    `blocking` waits on this thread (run with `run_now`); otherwise suspended, as `aclaim`.
+    `blocking` waits on this thread (run with `run_now`); otherwise suspended, as `aclaim`, its
+    claims on the process's claim threads.
     """
     deadline = time.monotonic() + seconds
     turns = itertools.cycle(placed.items())
     while True:
         if blocking:
-            claimed = _claim_each(agent, placed, ttl, count)
+            claimed = _claim_each(agent, placed, ttl, count, quota)
         else:
-            claimed = await sync_to_async(_claim_each)(agent, placed, ttl, count)
+            claims = waiting.claim_threads()
+            claimed = await claims.run(agent.name, _claim_each, agent, placed, ttl, count, quota)
         remaining = deadline - time.monotonic()
         if claimed or remaining <= 0:
             return claimed
         alias, names = next(turns)
         todos, wait = Todo.objects.db_manager(alias), min(remaining, ACROSS_WAIT)
         if blocking:
-            claimed = todos.claim_batch(names, agent.name, ttl, count, wait=wait)
+            claimed = todos.claim_batch(names, agent.name, ttl, count, wait=wait, max_held=quota)
         else:
-            claimed = await todos.aclaim_batch(names, agent.name, ttl, count, wait=wait)
+            claimed = await todos.aclaim_batch(
+                names, agent.name, ttl, count, wait=wait, max_held=quota
+            )
         if claimed:
             return claimed
 
 
-def _claim_each(agent: Agent, placed: dict[str, list[str]], ttl: Seconds, count: int) -> list[Todo]:
-    """Claim up to `count` from each database's queues in turn, until `count` are claimed."""
+def _claim_each(
+    agent: Agent, placed: dict[str, list[str]], ttl: Seconds | None, count: int, quota: int
+) -> list[Todo]:
+    """Claim up to `count` from each database's queues in turn, until `count` are claimed; in
+    each, only as many as bring the todos the agent holds there up to `quota`."""
     claimed: list[Todo] = []
     for alias, names in placed.items():
         if len(claimed) >= count:
             break
         claimed += Todo.objects.db_manager(alias).claim_batch(
-            names, agent.name, ttl, count - len(claimed)
+            names, agent.name, ttl, count - len(claimed), max_held=quota
         )
     return claimed
 
@@ -258,7 +328,7 @@ def _claim_one(
     agent: Agent,
     queues: Iterable[str] | None,
     todo_id: str,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds,
     limit: int,
 ) -> Todo:
@@ -271,17 +341,94 @@ def _claim_one(
     candidates = Todo.objects.filter(_claimable_by(agent), queue__in=agent.claim_queues)
     for alias in _databases(agent):
         if candidates.using(alias).filter(pk=checked).exists():
-            return Todo.objects.db_manager(alias).claim(checked, agent.name, ttl)
+            _refuse_at_held_quota(agent, [alias], _max_held(agent))
+            todos = Todo.objects.db_manager(alias)
+            try:
+                return todos.claim(checked, agent.name, ttl)
+            except TodoConflict as conflict:
+                raise _without_hidden_key_holder(agent, todos, conflict) from None
     raise TodoNotFound(checked)
+
+
+def _without_hidden_key_holder(
+    agent: Agent, todos: TodoManager, conflict: TodoConflict
+) -> TodoConflict:
+    """`conflict`, unless it names the claimed todo holding the concurrency key and the agent
+    may not see that todo: then one that says what stands in the way without naming it.
+
+    Looked up only on a conflict (one query): the holder of a key may be in any queue.
+    """
+    key = Todo.objects.using(todos.db).filter(pk=conflict.todo_id).values("concurrency_key")
+    hidden = (
+        todos.filter(state=State.CLAIMED, concurrency_key__in=key)
+        .exclude(pk=conflict.todo_id)
+        .exclude(_visible_to(agent))
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if hidden is None or hidden not in str(conflict):
+        return conflict
+    return TodoConflict(
+        f"Todo {conflict.todo_id} waits for its concurrency key: another todo holding it is "
+        "claimed. Try again later.",
+        todo_id=conflict.todo_id,
+        state=conflict.state,
+        owner=conflict.owner,
+    )
+
+
+# Quotas
+
+
+def _quota(own: int | None, setting: int) -> int:
+    """One of an agent's quotas: its own value (its Agent field), else the project's setting."""
+    return setting if own is None else own
+
+
+def _max_held(agent: Agent) -> int:
+    """The most todos the agent may hold at once (in each database its queues live in)."""
+    return _quota(agent.max_held, conf.AGENT_MAX_HELD)
+
+
+def _refuse_at_held_quota(agent: Agent, aliases: list[str], quota: int) -> None:
+    """Raise Throttled when the agent holds `quota` todos in each of the databases `aliases`.
+
+    Retry-After is the time until the earliest of its leases ends (1 to HELD_RETRY_MAX s):
+    by then it has completed, failed or released that todo, or the lease lapsed and the
+    reaper takes the todo back; freeing one itself makes room at once.
+    """
+    ends: list[float] = []
+    for alias in aliases:
+        with cursors.cursor(connections[alias]) as cursor:
+            cursor.execute(agent_queries["held"], {"owner": agent.name})
+            held, ends_in = cursor.fetchone()
+        if held < quota:
+            return
+        if ends_in is not None:
+            ends.append(ends_in)
+    raise _throttled(
+        f"Agent {agent.name!r} holds {held} todos, its quota (max_held {quota}): complete, "
+        "fail or release one before claiming more.",
+        min(HELD_RETRY_MAX, max(1.0, min(ends, default=1.0))),
+    )
+
+
+def _throttled(message: str, seconds: float) -> Throttled:
+    """Throttled, its message saying how long to wait: MCP and SQS answers have no Retry-After."""
+    wait = Throttled(message, retry_after=seconds).retry_after  # whole seconds, at least 1
+    return Throttled(f"{message} Try again in {wait} s.", retry_after=wait)
 
 
 # The holder's verbs
 
 
-def heartbeat(agent: Agent, todo_id: str, ttl: Seconds) -> Todo:
-    """Extend the lease on a todo the agent holds to `ttl` from now."""
+def heartbeat(agent: Agent, todo_id: str, ttl: Seconds | None, progress: Any = None) -> Todo:
+    """Extend the lease on a todo the agent holds to `ttl` from now; `progress` (any JSON
+    value) becomes its latest progress note. TodoCancelled: an operator cancelled it."""
     return _as_holder(
-        agent, todo_id, lambda todos, checked: todos.heartbeat(checked, agent.name, ttl)
+        agent,
+        todo_id,
+        lambda todos, checked: todos.heartbeat(checked, agent.name, ttl, progress=progress),
     )
 
 
@@ -342,31 +489,99 @@ def create_for(
     idempotency_key: str | None = None,
     assignee: str | None = None,
     run_after: datetime | str | None = None,
-    max_attempts: int = 5,
+    max_attempts: int | None = None,
     priority: int = 0,
     concurrency_key: str | None = None,
 ) -> tuple[Todo, bool]:
     """Enqueue a todo in one of the agent's create queues; returns (todo, created).
 
-    Its source is `agent:<name>`. An idempotency key held by a live todo of that queue
-    returns that todo with created=False.
+    Its source is `agent:<name>`, and its keys are the agent's own (`_scoped_key`): an
+    idempotency key held by a live todo the agent created in that queue returns that todo with
+    created=False, or, when the agent may not see that todo, a TodoConflict naming none. Each
+    call counts against the agent's creation quota (Throttled past it); `max_attempts` may not
+    exceed the agent's limit, and defaults to the lower of 5 and that limit. A refused call
+    writes nothing.
     """
     name = validation.queue(queue)
     if name not in agent.create_queues:
         raise QueueNotGranted(f"Agent {agent.name!r} may not create todos in queue {name!r}.")
-    return Todo.objects.create_todo(
-        queue=name,
-        kind=kind,
-        title=title,
-        payload=payload,
-        source=f"agent:{agent.name}",
-        idempotency_key=idempotency_key,
-        assignee=assignee,
-        max_attempts=max_attempts,
-        priority=priority,
-        concurrency_key=concurrency_key,
-        run_after=_moment(run_after),
-    )
+    attempts = _max_attempts(agent, max_attempts)
+    key = _scoped_key(agent, idempotency_key, "idempotency_key")
+    serial = _scoped_key(agent, concurrency_key, "concurrency_key")
+    # The count is undone with the transaction when the create is refused (bad input, 409).
+    with transaction.atomic(using=router.db_for_write(Agent)):
+        _count_create(agent)
+        todo, created = Todo.objects.create_todo(
+            queue=name,
+            kind=kind,
+            title=title,
+            payload=payload,
+            source=_source(agent),
+            idempotency_key=key,
+            assignee=assignee,
+            max_attempts=attempts,
+            priority=priority,
+            concurrency_key=serial,
+            run_after=_moment(run_after),
+        )
+        if not created and not _sees(agent, todo):
+            raise TodoConflict(
+                f"Idempotency key {idempotency_key!r} is taken in queue {name!r}: a live todo "
+                "you created with it is in a queue you do not claim from, or assigned to "
+                "another agent, so it is not shown.",
+                todo_id="",
+            )
+    return todo, created
+
+
+def _source(agent: Agent) -> str:
+    """The source of the todos an agent creates, and the scope of its keys."""
+    return f"agent:{agent.name}"
+
+
+def _scoped_key(agent: Agent, key: object, name: str) -> str | None:
+    """An idempotency or concurrency key as stored for the agent that gave it: its source, a
+    slash (which no agent name has) and the key, `agent:<name>/<key>`; serialize.key_as_given
+    shows it back as given.
+
+    So an agent's keys deduplicate and serialize only its own todos: it can neither take a key a
+    producer will use, nor block the todos of a key it cannot see.
+    """
+    if key is None:
+        return None
+    return f"{_source(agent)}/{validation.text(key, name, MAX_KEY_LENGTH, required=True)}"
+
+
+def _max_attempts(agent: Agent, given: int | None) -> int:
+    """The `max_attempts` of a todo the agent creates: at most its limit (InvalidTodo above, as
+    waiting would never make it acceptable); without one, the default, lowered to the limit."""
+    limit = max(1, _quota(agent.max_attempts_limit, conf.AGENT_MAX_ATTEMPTS))
+    if given is None:
+        return min(DEFAULT_MAX_ATTEMPTS, limit)
+    if isinstance(given, int) and not isinstance(given, bool) and given > limit:
+        raise InvalidTodo(
+            f"max_attempts must be at most {limit} for agent {agent.name!r} (its limit), "
+            f"not {given}."
+        )
+    return given
+
+
+def _count_create(agent: Agent) -> None:
+    """Count one creation against the agent's quota per minute (count_creates, agents.sql);
+    Throttled, and nothing counted, past it."""
+    quota = _quota(agent.max_creates_per_minute, conf.AGENT_MAX_CREATES_PER_MINUTE)
+    with cursors.cursor(connections[router.db_for_write(Agent)]) as cursor:
+        cursor.execute(agent_queries["count_creates"], {"agent_id": agent.pk, "quota": quota})
+        row = cursor.fetchone()
+    if row is None:
+        raise NotAuthenticated("Unknown token.")  # the agent was deleted since the request began
+    counted, window_left = row
+    if not counted:
+        raise _throttled(
+            f"Agent {agent.name!r} created {quota} todos within a minute, its quota "
+            "(max_creates_per_minute); nothing was created.",
+            window_left,
+        )
 
 
 # Shared checks
@@ -387,6 +602,13 @@ def _visible_to(agent: Agent) -> Q:
     return Q(owner=agent.name) | _claimable_by(agent) & Q(queue__in=agent.claim_queues)
 
 
+def _sees(agent: Agent, todo: Todo) -> bool:
+    """Whether `_visible_to(agent)` takes `todo`, for a todo in hand."""
+    return todo.owner == agent.name or (
+        todo.assignee in (None, agent.name) and todo.queue in agent.claim_queues
+    )
+
+
 def _claim_queues(agent: Agent, queues: Iterable[str] | None) -> list[str]:
     """The queues asked for, each granted to the agent for claiming; all of them by default."""
     if queues is None:
@@ -405,33 +627,40 @@ def _todo_id(value: object) -> str:
 
 
 def _moment(value: datetime | str | None) -> datetime | None:
-    """`run_after` as an aware datetime; remote callers may send ISO 8601 text."""
+    """`run_after` as an aware datetime; remote callers send RFC 3339 text (JSON Schema's
+    date-time: a date, a time and an offset)."""
     if not isinstance(value, str):
         return value
     try:
-        return datetime.fromisoformat(value)
+        if _RFC3339.fullmatch(value) is None:
+            raise ValueError(value)
+        return datetime.fromisoformat(value.upper())
     except ValueError:
-        raise InvalidTodo(f"run_after {value!r} is not an ISO 8601 date and time.") from None
+        raise InvalidTodo(
+            f"run_after {value!r} is not an RFC 3339 date and time with an offset "
+            "(2030-01-31T09:00:00Z, 2030-01-31T10:00:00+01:00)."
+        ) from None
 
 
 def _encode_cursor(todo: Todo) -> str:
-    position = json.dumps([todo.created_at.isoformat(), todo.id])
-    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+    return f"{(todo.created_at - _EPOCH) // _MICROSECOND}:{todo.id}"
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The position a cursor of `_encode_cursor` stands for; anything else is InvalidTodo."""
-    if len(cursor) > 200:
+def _decode_cursor(cursor: object) -> tuple[datetime, str]:
+    """The position a cursor stands for; a text not of CURSOR_PATTERN's shape is InvalidTodo.
+
+    Any text of that shape is a position (one beyond the dates Python can hold is the first or
+    the last), so that a client can send nothing the API's schema allows and the list refuses.
+    """
+    if not isinstance(cursor, str) or _CURSOR.fullmatch(cursor) is None:
         raise InvalidTodo("cursor is not one that list_todos returned.")
+    created, _, todo_id = cursor.partition(":")
+    micros = int(created)
     try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created_at, todo_id = json.loads(text)
-        after = datetime.fromisoformat(created_at)
-        if not isinstance(todo_id, str) or after.tzinfo is None:
-            raise ValueError(cursor)
-    except (binascii.Error, UnicodeError, ValueError, TypeError):
-        raise InvalidTodo("cursor is not one that list_todos returned.") from None
-    return after, todo_id
+        after = _EPOCH + micros * _MICROSECOND
+    except OverflowError:
+        after = (datetime.max if micros > 0 else datetime.min).replace(tzinfo=UTC)
+    return after, validation.text(todo_id, "cursor", len(todo_id))  # no unpaired surrogate
 
 
 # Async twins

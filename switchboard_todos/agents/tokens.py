@@ -14,6 +14,9 @@ import secrets
 from typing import NamedTuple
 
 PREFIX = "sbt_"
+#: What a revoked token's stored hash is prefixed with: no token hashes to it any more, and the
+#: holder of the revoked token can still be told that it was revoked (agents/accounts.py).
+REVOKED = "revoked:"
 #: Random bytes per token; token_urlsafe encodes 32 bytes in 43 characters.
 RANDOM_BYTES = 32
 _SHAPE = re.compile(r"sbt_[A-Za-z0-9_-]{43}")

@@ -4,17 +4,27 @@ An agent works in a loop of claim, heartbeat and complete (or fail, or release):
 per todo at least. Through Django's handler each costs several times the queue's own work (a
 thread started per request, two hops between threads per synchronous middleware, the request
 signals, an HttpRequest, ninja's parameter machinery), and the API drained at a sixth of the
-in-process rate. `AgentsAPIFirst` answers these POSTs itself: it parses and validates the body
-with the API's own schemas, and in one hop to a thread authenticates and runs the service's
-verb. Every other request (list, get, create, the schema, anything not the API's) goes to the
-application it wraps, and api/views.py stays where the whole API is defined and documented.
+in-process rate. `AgentsAPIFirst` answers these POSTs itself, in one hop to a thread that
+authenticates, parses and validates the body with the API's own schemas, and runs the
+service's verb. Every other request (list, get, create, the schema, anything not the API's)
+goes to the application it wraps, and api/views.py stays where the whole API is defined and
+documented.
+
+The token comes first. A request without a well-formed bearer token is answered 401 before its
+body is even read; any other body is read on the event loop (I/O only, at most
+DATA_UPLOAD_MAX_MEMORY_SIZE kept) and parsed on the thread, only once the token was found: no
+body, whatever its size, is parsed on the event loop, where it would hold up every long poll
+this process serves, and no anonymous body is parsed at all.
 
 The answers are the API's: the same schemas, service, error table and problem responses
 (tests/test_api_fast.py sends every kind of request both ways and compares). What these
 requests skip is the project's MIDDLEWARE and the request signals. They need neither: a bearer
-token, no cookie, session or CSRF token; the host is still checked against ALLOWED_HOSTS. A
-project whose middleware must see every request serves Django's application alone, and the API
-works there too, at Django's cost (docs/agents.md).
+token, no cookie, session or CSRF token; the host is still checked against ALLOWED_HOSTS, and
+the project's HTTPS settings are honoured by Django's own SecurityMiddleware, run on the request
+and its answer whenever the project installs it or sets SECURE_SSL_REDIRECT (a plain-HTTP
+request then gets its redirect to HTTPS, as through Django, and nothing is done). A project
+whose middleware must see every request serves Django's application alone, and the API works
+there too, at Django's cost (docs/agents.md).
 
 Each of the `threads` keeps an unpooled database connection from one request to the next, as a
 worker does, and closes it after a database error (that request answers 503, the next one
@@ -25,23 +35,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import json
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
-from django.core.handlers.asgi import get_script_prefix
+from django.core.handlers.asgi import ASGIRequest, get_script_prefix
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
+from django.middleware.security import SecurityMiddleware
 from django.urls import get_resolver
 from django.urls.exceptions import Resolver404
 from pydantic import ValidationError
 
-from switchboard_todos.agents import errors, service
+from switchboard_todos.agents import service
 from switchboard_todos.agents.serialize import todo_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
@@ -53,9 +64,9 @@ from switchboard_todos.api.schemas import (
     ReleaseIn,
     Request,
 )
-from switchboard_todos.exceptions import TodoError
-from switchboard_todos.managers import give_back_if_pooled
+from switchboard_todos.exceptions import NotAuthenticated, TodoError
 from switchboard_todos.models import Agent, Todo
+from switchboard_todos.waiting import finish_with_connections
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -76,7 +87,7 @@ BY_ID: dict[str, tuple[type[Request], Verb]] = {
     ),
     "heartbeat": (
         HeartbeatIn,
-        lambda agent, todo_id, body: service.heartbeat(agent, todo_id, body.ttl),
+        lambda agent, todo_id, body: service.heartbeat(agent, todo_id, body.ttl, body.progress),
     ),
     "complete": (
         CompleteIn,
@@ -93,10 +104,19 @@ BY_ID: dict[str, tuple[type[Request], Verb]] = {
 }
 #: The claim from queues (`POST claim/`).
 CLAIM = "claim"
+#: Where the project installs the middleware that applies its HTTPS settings.
+SECURITY_MIDDLEWARE = "django.middleware.security.SecurityMiddleware"
 
 
 class Aborted(Exception):
     """The client went away before its request's body arrived."""
+
+
+class Waiting(NamedTuple):
+    """A claim that waits (`_perform`): the event loop waits for it, not the thread."""
+
+    agent: Agent
+    arguments: ClaimIn
 
 
 class AgentsAPIFirst:
@@ -133,11 +153,17 @@ class AgentsAPIFirst:
         if route is None or not _allowed_host(scope):
             await self.application(scope, receive, send)  # Django says what is wrong with a host
             return
-        try:
-            body = await _read_body(receive)
-        except Aborted:
-            return
-        answer = await self._answer(scope, *route, body)
+        https = _https(scope)
+        answer: HttpResponse | bytes | None = None
+        if https is not None:
+            answer = https.middleware.process_request(https.request)
+        if answer is None:
+            try:
+                answer = await self._answer(scope, *route, receive)
+            except Aborted:
+                return
+        if https is not None:
+            answer = https.middleware.process_response(https.request, _response(answer))
         if isinstance(answer, HttpResponse):
             status, content = answer.status_code, answer.content
             headers = [
@@ -149,7 +175,7 @@ class AgentsAPIFirst:
         await send({"type": "http.response.body", "body": content})
 
     async def _answer(
-        self, scope: Scope, verb: str, todo_id: str | None, body: bytes | None
+        self, scope: Scope, verb: str, todo_id: str | None, receive: Receive
     ) -> HttpResponse | bytes:
         """As api/views.py answers: authentication first, then the body, then the verb.
 
@@ -157,16 +183,16 @@ class AgentsAPIFirst:
         """
         authorization = _header(scope, b"authorization")
         token = _bearer(authorization)
-        if token is None:
-            return problems.problem_response(errors.NOT_AUTHENTICATED, errors.NO_TOKEN)
-        arguments = _arguments(verb, body)
+        try:
+            service.check_shape(token)
+        except NotAuthenticated as error:  # refused before the body is read
+            return problems.todo_error_response(error, authorization)
+        body = await _read_body(receive)
         loop = asyncio.get_running_loop()
         try:
-            answer = await loop.run_in_executor(
-                self._threads, _perform, verb, token, todo_id, arguments
-            )
-            if isinstance(answer, Agent):  # a claim that waits: suspended, not holding a thread
-                answer = await _wait_and_claim(answer, arguments)
+            answer = await loop.run_in_executor(self._threads, _perform, verb, token, todo_id, body)
+            if isinstance(answer, Waiting):  # suspended, not holding a thread
+                answer = await _wait_and_claim(answer.agent, answer.arguments)
         except TodoError as error:
             return problems.todo_error_response(error, authorization)
         except Exception as error:
@@ -179,14 +205,13 @@ class AgentsAPIFirst:
 
 
 def _perform(
-    verb: str, token: str, todo_id: str | None, arguments: Request | HttpResponse
-) -> Todo | list[Todo] | Agent | HttpResponse:
-    """On one of the threads: authenticate, then run the verb (or refuse the body).
-
-    A claim with a `wait` returns the agent: the event loop waits for it (`_wait_and_claim`).
-    """
+    verb: str, token: str | None, todo_id: str | None, body: bytes | None
+) -> Todo | list[Todo] | Waiting | HttpResponse:
+    """On one of the threads: authenticate, then parse the body (or refuse it), then run the
+    verb. A claim with a `wait` returns Waiting: the event loop waits for it."""
     try:
         agent = service.authenticate(token)
+        arguments = _arguments(verb, body)
         if isinstance(arguments, HttpResponse):
             return arguments
         if verb != CLAIM:
@@ -194,36 +219,54 @@ def _perform(
             return BY_ID[verb][1](agent, todo_id, arguments)
         assert isinstance(arguments, ClaimIn)
         if arguments.wait:
-            return agent
+            return Waiting(agent, arguments)
         return service.claim(
             agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit
         )
     finally:
-        _finish_with_connections()
+        finish_with_connections()
 
 
 async def _wait_and_claim(agent: Agent, arguments: Request | HttpResponse) -> list[Todo]:
+    """The long poll: its claims run on the process's claim threads (waiting.py), not here."""
     assert isinstance(arguments, ClaimIn)
-    try:
-        return await service.aclaim(
-            agent,
-            queues=arguments.queues,
-            ttl=arguments.ttl,
-            wait=arguments.wait,
-            limit=arguments.limit,
-        )
-    finally:
-        await sync_to_async(_finish_with_connections)()
+    return await service.aclaim(
+        agent,
+        queues=arguments.queues,
+        ttl=arguments.ttl,
+        wait=arguments.wait,
+        limit=arguments.limit,
+    )
 
 
-def _finish_with_connections() -> None:
-    """What Django does with this thread's connections after a request: close those a database
-    error left unusable, and give pooled ones back to the pool. An unpooled one stays open for
-    the thread's next request, as a worker's does."""
-    for connection in connections.all(initialized_only=True):
-        if connection.errors_occurred:
-            connection.close_if_unusable_or_obsolete()
-        give_back_if_pooled(connection)
+class HTTPS(NamedTuple):
+    """The request as Django sees it, and the project's SecurityMiddleware."""
+
+    request: HttpRequest
+    middleware: SecurityMiddleware
+
+
+def _https(scope: Scope) -> HTTPS | None:
+    """Django's SecurityMiddleware for this request, when the project installs it or asks for
+    HTTPS (SECURE_SSL_REDIRECT); None otherwise, at no cost.
+
+    Django's own code decides: whether the request is secure (SECURE_PROXY_SSL_HEADER), its
+    redirect (SECURE_SSL_HOST, SECURE_REDIRECT_EXEMPT), and the headers of the answer
+    (SECURE_HSTS_*, and the others the middleware sets).
+    """
+    if not (settings.SECURE_SSL_REDIRECT or SECURITY_MIDDLEWARE in settings.MIDDLEWARE):
+        return None
+    return HTTPS(ASGIRequest(scope, io.BytesIO()), SecurityMiddleware(_no_view))
+
+
+def _no_view(request: HttpRequest) -> HttpResponse:
+    raise AssertionError("The middleware's own methods are called, never its view.")
+
+
+def _response(answer: HttpResponse | bytes) -> HttpResponse:
+    if isinstance(answer, HttpResponse):
+        return answer
+    return HttpResponse(answer, content_type="application/json")
 
 
 def _route(scope: Scope) -> tuple[str, str | None] | None:

@@ -7,15 +7,18 @@ into application/problem+json with the status of agents/errors.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseNotAllowed
+from django.urls import URLPattern
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -157,6 +160,36 @@ def _http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
         return _todo_error(request, cause)
     # ninja's own refusals of a request it could not read.
     return problem_response(errors.INVALID_INPUT, str(error.message))
+
+
+def methods_as_problems(route: URLPattern) -> URLPattern:
+    """`route`, whose answer to a method it does not take (ninja's plain-text 405) is a
+    problem, with the same Allow header."""
+    view = route.callback
+
+    def refusal(response: HttpResponseBase) -> HttpResponseBase:
+        if not isinstance(response, HttpResponseNotAllowed):
+            return response
+        problem = problem_response(
+            errors.METHOD_NOT_ALLOWED, f"This path takes {response['Allow']} only."
+        )
+        problem["Allow"] = response["Allow"]
+        return problem
+
+    if iscoroutinefunction(view):
+
+        async def answer_async(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            return refusal(await view(request, *args, **kwargs))
+
+        wrapped: Callable[..., Any] = answer_async
+    else:
+
+        def answer(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            return refusal(view(request, *args, **kwargs))
+
+        wrapped = answer
+    functools.update_wrapper(wrapped, view)  # its csrf_exempt too
+    return URLPattern(route.pattern, wrapped, route.default_args, route.name)
 
 
 def _too_large(request: HttpRequest, error: RequestDataTooBig) -> HttpResponse:

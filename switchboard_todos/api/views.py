@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -19,22 +19,28 @@ from ninja import NinjaAPI, Query
 from ninja.openapi.schema import OpenAPISchema
 from ninja.operation import Operation
 from ninja.security import HttpBearer
+from pydantic import Field
 
 from switchboard_todos.agents import errors, service
 from switchboard_todos.agents.serialize import todo_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
+    JSON_SCHEMAS,
     Claimed,
     ClaimIn,
     ClaimOneIn,
     CompleteIn,
     CreateIn,
+    Cursor,
     FailIn,
     HeartbeatIn,
     Problem,
+    QueueName,
     ReleaseIn,
+    TodoId,
     TodoList,
     TodoOut,
+    with_references,
 )
 from switchboard_todos.models import Agent, Todo
 
@@ -54,15 +60,33 @@ class AgentsAPI(NinjaAPI):
     def get_openapi_schema(
         self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
     ) -> OpenAPISchema:
-        """The schema, built once per prefix; problems typed application/problem+json."""
+        """The schema, built once per prefix: problems typed application/problem+json, the JSON
+        values the core takes (schemas.JSON_SCHEMAS), and a body that may be left out an object
+        when sent (null is refused)."""
         key = (path_prefix, repr(sorted((path_params or {}).items())))
         if key not in self._schemas:
             schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+            schema["paths"] = with_references(schema["paths"])
+            schema["components"]["schemas"] = {
+                **with_references(schema["components"]["schemas"]),
+                **JSON_SCHEMAS,
+            }
             for operation in (op for path in schema["paths"].values() for op in path.values()):
                 for status, response in operation["responses"].items():
                     if int(status) >= 400:
                         content = response["content"].pop("application/json")
                         response["content"][problems.CONTENT_TYPE] = content
+                for status, where in LINKS.get(operation["operationId"], {}).items():
+                    operation["responses"][status]["links"] = {
+                        verb: {"operationId": verb, "parameters": {"todo_id": where}}
+                        for verb in HOLDER_VERBS
+                    }
+                for content in operation.get("requestBody", {}).get("content", {}).values():
+                    body = content["schema"]
+                    if "anyOf" in body:
+                        [content["schema"]] = [
+                            one for one in body["anyOf"] if one != {"type": "null"}
+                        ]
             self._schemas[key] = schema
         return self._schemas[key]
 
@@ -83,8 +107,16 @@ api = AgentsAPI(
 )
 problems.install(api)
 
+#: Where the answers of these operations (by status) name a todo: the schema links them to the
+#: verbs on that todo, the agent's loop (a generated client, Schemathesis, follows them).
+LINKS = {
+    "claim": {200: "$response.body#/todos/0/id"},
+    "claim_todo": {200: "$response.body#/id"},
+    "create_for": {201: "$response.body#/id", 200: "$response.body#/id"},
+}
+HOLDER_VERBS = ["get_todo", "claim_todo", "heartbeat", "complete", "fail", "release"]
 #: What every route may answer besides its success.
-PROBLEMS: dict[int, Any] = dict.fromkeys((401, 403, 404, 409, 413, 422), Problem)
+PROBLEMS: dict[int, Any] = dict.fromkeys((401, 403, 404, 409, 413, 422, 429, 503), Problem)
 ONE = {200: TodoOut, **PROBLEMS}
 
 
@@ -115,10 +147,10 @@ def unknown_route(request: HttpRequest, path: str) -> HttpResponse:
 @api.get("/todos/", response={200: TodoList, **PROBLEMS}, url_name="todos")
 def list_todos(
     request: HttpRequest,
-    queue: Query[list[str] | None] = None,
+    queue: Query[list[QueueName] | None] = None,
     state: Literal["pending", "claimed"] = "pending",
-    limit: int = service.DEFAULT_PAGE,
-    cursor: str | None = None,
+    limit: Annotated[int, Field(ge=1, le=service.MAX_PAGE)] = service.DEFAULT_PAGE,
+    cursor: Cursor | None = None,
 ) -> HttpResponse:
     """The pending todos you may claim (oldest first), or with `state=claimed` those you hold."""
     page = service.list_todos(
@@ -141,14 +173,15 @@ def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
 
 
 @api.get("/todos/{todo_id}/", response=ONE, url_name="todo")
-def get_todo(request: HttpRequest, todo_id: str) -> HttpResponse:
+def get_todo(request: HttpRequest, todo_id: TodoId) -> HttpResponse:
     """One todo you may see: of your claim queues, or held by you."""
     return todo_response(service.get_todo(agent_of(request), todo_id))
 
 
 @api.post("/claim/", response={200: Claimed, **PROBLEMS})
-async def claim(request: HttpRequest, body: ClaimIn) -> HttpResponse:
+async def claim(request: HttpRequest, body: ClaimIn | None = None) -> HttpResponse:
     """Claim up to `limit` todos; with `wait`, long-poll until one is claimable."""
+    body = body or ClaimIn()
     todos = await service.aclaim(
         agent_of(request), queues=body.queues, ttl=body.ttl, wait=body.wait, limit=body.limit
     )
@@ -156,20 +189,26 @@ async def claim(request: HttpRequest, body: ClaimIn) -> HttpResponse:
 
 
 @api.post("/todos/{todo_id}/claim/", response=ONE)
-def claim_todo(request: HttpRequest, todo_id: str, body: ClaimOneIn) -> HttpResponse:
+def claim_todo(
+    request: HttpRequest, todo_id: TodoId, body: ClaimOneIn | None = None
+) -> HttpResponse:
     """Claim this todo."""
-    todos = service.claim(agent_of(request), todo_id=todo_id, ttl=body.ttl)
+    todos = service.claim(agent_of(request), todo_id=todo_id, ttl=(body or ClaimOneIn()).ttl)
     return todo_response(todos[0])
 
 
 @api.post("/todos/{todo_id}/heartbeat/", response=ONE)
-def heartbeat(request: HttpRequest, todo_id: str, body: HeartbeatIn) -> HttpResponse:
-    """Extend your lease to `ttl` seconds from now. 409: the lease is lost; stop working."""
-    return todo_response(service.heartbeat(agent_of(request), todo_id, body.ttl))
+def heartbeat(
+    request: HttpRequest, todo_id: TodoId, body: HeartbeatIn | None = None
+) -> HttpResponse:
+    """Extend your lease to `ttl` seconds from now, with a `progress` note. 409: the lease is
+    lost, or (problem type todo-cancelled) an operator cancelled the todo; stop working."""
+    beat = body or HeartbeatIn()
+    return todo_response(service.heartbeat(agent_of(request), todo_id, beat.ttl, beat.progress))
 
 
 @api.post("/todos/{todo_id}/complete/", response=ONE)
-def complete(request: HttpRequest, todo_id: str, body: CompleteIn | None = None) -> HttpResponse:
+def complete(request: HttpRequest, todo_id: TodoId, body: CompleteIn | None = None) -> HttpResponse:
     """Mark the todo you hold done, with its `result`."""
     return todo_response(
         service.complete(agent_of(request), todo_id, (body or CompleteIn()).result)
@@ -177,7 +216,7 @@ def complete(request: HttpRequest, todo_id: str, body: CompleteIn | None = None)
 
 
 @api.post("/todos/{todo_id}/fail/", response=ONE)
-def fail(request: HttpRequest, todo_id: str, body: FailIn | None = None) -> HttpResponse:
+def fail(request: HttpRequest, todo_id: TodoId, body: FailIn | None = None) -> HttpResponse:
     """Report a failed attempt: retried after a backoff, dead-lettered at the cap."""
     body = body or FailIn()
     todo = service.fail(agent_of(request), todo_id, body.error, body.retry_in)
@@ -185,6 +224,6 @@ def fail(request: HttpRequest, todo_id: str, body: FailIn | None = None) -> Http
 
 
 @api.post("/todos/{todo_id}/release/", response=ONE)
-def release(request: HttpRequest, todo_id: str, body: ReleaseIn | None = None) -> HttpResponse:
+def release(request: HttpRequest, todo_id: TodoId, body: ReleaseIn | None = None) -> HttpResponse:
     """Give the todo back without using up an attempt."""
     return todo_response(service.release(agent_of(request), todo_id, (body or ReleaseIn()).delay))

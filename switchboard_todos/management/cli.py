@@ -6,46 +6,15 @@ which argparse reports as "argument --x: <message>" (and call_command raises as 
 
 from __future__ import annotations
 
-import re
 from argparse import ArgumentTypeError
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TypeVar
 
 from switchboard_todos import validation
+from switchboard_todos.durations import parse_duration
 from switchboard_todos.exceptions import InvalidTodo
 
 T = TypeVar("T")
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def duration(text: str) -> timedelta:
-    """A positive duration: `30d`, `12h`, `90m`, `45s`, or plain seconds (`3600`, `0.5`)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if not match:
-        raise ArgumentTypeError(
-            f"invalid duration {text!r}: use a number with an optional unit s, m, h or d "
-            "(30d, 12h, 90m, 45s; plain numbers are seconds)"
-        )
-    number, unit = match.groups()
-    try:
-        value = timedelta(seconds=float(number) * _UNITS[unit])
-    except OverflowError:
-        raise ArgumentTypeError(f"duration {text!r} is too long") from None
-    if value <= timedelta(0):
-        raise ArgumentTypeError(f"duration {text!r} must be more than zero")
-    return value
-
-
-def format_duration(value: timedelta) -> str:
-    """Write a duration as `duration` reads it, in the largest unit that fits exactly (90m)."""
-    seconds = value.total_seconds()
-    for unit in ("d", "h", "m"):
-        if seconds % _UNITS[unit] == 0:
-            return f"{int(seconds) // _UNITS[unit]}{unit}"
-    return f"{seconds:g}s"
 
 
 def positive_int(text: str) -> int:
@@ -89,6 +58,8 @@ def seconds(text: str) -> float:
     return duration(text).total_seconds()
 
 
+#: A positive duration: `30d`, `12h`, `90m`, `45s`, or plain seconds (`3600`, `0.5`).
+duration = checked(parse_duration)
 #: A queue name or an owner, checked as the manager checks them.
 queue_name = checked(validation.queue)
 owner = checked(validation.owner)

@@ -3,29 +3,49 @@
 `streamable_http()` returns the endpoint's ASGI app and the lifespan its session manager needs.
 Django's ASGI handler refuses lifespan events, so the application that serves both (see the
 example project's asgi.py) runs that lifespan itself and routes the endpoint's path here.
-The endpoint answers only the hosts Django's ALLOWED_HOSTS accepts (a DNS-rebinding guard).
+The endpoint answers only the hosts Django's ALLOWED_HOSTS accepts (a DNS-rebinding guard),
+only over HTTPS when the project says so (SECURE_SSL_REDIRECT), and holds each agent to
+SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS open sessions.
 """
 
 from __future__ import annotations
 
+import io
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
 
+import anyio
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
+from django.middleware.security import SecurityMiddleware
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware, get_access_token
-from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.middleware.bearer_auth import (
+    AuthorizationContext,
+    BearerAuthBackend,
+    RequireAuthMiddleware,
+)
 from mcp.server.auth.provider import AccessToken
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import (
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+    StreamableHTTPSessionManager,
+)
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import INVALID_REQUEST, ErrorData, JSONRPCError
 from pydantic import ConfigDict
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from switchboard_todos.agents import service
-from switchboard_todos.exceptions import NotAuthenticated
-from switchboard_todos.mcp.server import build_server, request_scope
+from switchboard_todos.agents import errors, service
+from switchboard_todos.conf import conf
+from switchboard_todos.exceptions import NotAuthenticated, Throttled
+from switchboard_todos.mcp.server import build_server, problem_text, request_scope
 from switchboard_todos.models import Agent
 
 
@@ -67,10 +87,13 @@ class AllowedHosts:
         host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
         domain, _ = split_domain_port(host)
         if not (domain and validate_host(domain, allowed_hosts())):
-            response = PlainTextResponse("Invalid Host header", status_code=421)
-            await response(scope, receive, send)
+            await _misdirected()(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _misdirected() -> Response:
+    return PlainTextResponse("Invalid Host header", status_code=421)
 
 
 def allowed_hosts() -> list[str]:
@@ -78,6 +101,116 @@ def allowed_hosts() -> list[str]:
     if settings.DEBUG and not settings.ALLOWED_HOSTS:
         return [".localhost", "127.0.0.1", "[::1]"]
     return list(settings.ALLOWED_HOSTS)
+
+
+class HttpsOnly:
+    """Refuses (403) the plain-HTTP requests that Django's SecurityMiddleware would redirect.
+
+    The decision is that middleware's own, so it honours SECURE_SSL_REDIRECT,
+    SECURE_PROXY_SSL_HEADER, SECURE_REDIRECT_EXEMPT and SECURE_SSL_HOST as the rest of the
+    project does. Refused rather than redirected: such a request has already sent its bearer
+    token in clear, and a redirect would let a misconfigured client go on doing that at every
+    call; nor would the redirect work (fetch, under the clients, turns a redirected POST into a
+    GET and drops the Authorization header on its way to the other origin, https).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if settings.SECURE_SSL_REDIRECT:
+            try:
+                redirect = SecurityMiddleware(_unused).process_request(
+                    ASGIRequest(scope, io.BytesIO())
+                )
+            except DisallowedHost:  # X-Forwarded-Host, with USE_X_FORWARDED_HOST
+                await _misdirected()(scope, receive, send)
+                return
+            if redirect is not None:
+                message = (
+                    "HTTPS required: this server takes MCP requests over HTTPS only; connect "
+                    f"to {redirect['Location']}. This request went in clear, with any token it "
+                    "carried: have that token rotated."
+                )
+                await _json_rpc_error(403, message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _unused(request: HttpRequest) -> HttpResponse:
+    raise AssertionError("HttpsOnly calls SecurityMiddleware.process_request only")
+
+
+class AgentSessions(StreamableHTTPSessionManager):
+    """The SDK's session manager, holding each agent to AGENT_MAX_SESSIONS open sessions.
+
+    The SDK admits each new session (a request without a session id) in `_admit_session`, under
+    its creation lock, and keeps whose it is in `_session_owners` until the session ends,
+    however it ends: DELETE, the idle timeout, a crash, an opening request it refused. Counted
+    there, the cap is exact and cannot be raced. (Both are the SDK's private names, which the
+    live tests of the cap hold to the installed SDK.)
+    """
+
+    def __init__(self, server: Server[Any], idle_timeout: float) -> None:
+        # The Host check is AllowedHosts' (Django's semantics); the SDK's would accept only
+        # localhost names.
+        super().__init__(
+            server,
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            session_idle_timeout=idle_timeout,
+        )
+        self.idle_timeout = idle_timeout
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one request of the endpoint; past the agent's cap, 429 and Retry-After."""
+        try:
+            await self.handle_request(scope, receive, send)
+        except Throttled as error:
+            message = problem_text(errors.THROTTLED, str(error), error.retry_after)
+            headers = {"Retry-After": str(error.retry_after)}
+            await _json_rpc_error(429, message, headers)(scope, receive, send)
+
+    def _admit_session(
+        self, requestor: AuthorizationContext | None
+    ) -> StreamableHTTPServerTransport | None:
+        if requestor is not None:
+            name = requestor["client_id"]
+            held = [
+                session
+                for session, owner in self._session_owners.items()
+                if owner["client_id"] == name
+            ]
+            if len(held) >= conf.AGENT_MAX_SESSIONS:
+                raise Throttled(
+                    f"Agent {name!r} has {len(held)} MCP sessions open, the most it may have "
+                    "(SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS): use one of them, or end one it no "
+                    "longer uses (HTTP DELETE with its Mcp-Session-Id) before opening another.",
+                    retry_after=self._first_to_idle_out(held),
+                )
+        return super()._admit_session(requestor)
+
+    def _first_to_idle_out(self, sessions: list[str]) -> float:
+        """Seconds before the first of `sessions` ends of idleness, if none is used meanwhile."""
+        now = anyio.current_time()
+        ends = [  # a session in use has no deadline (infinity) until its last request ends
+            transport.idle_scope.deadline - now
+            for transport in map(self._server_instances.get, sessions)
+            if transport is not None and transport.idle_scope is not None
+        ]
+        return min([*ends, self.idle_timeout])
+
+
+def _json_rpc_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """An HTTP error carrying a JSON-RPC error (as the SDK's own refusals), which clients show."""
+    body = JSONRPCError(
+        jsonrpc="2.0", id=None, error=ErrorData(code=INVALID_REQUEST, message=message)
+    )
+    return Response(
+        body.model_dump_json(by_alias=True, exclude_unset=True),
+        status_code=status,
+        headers=headers,
+        media_type="application/json",
+    )
 
 
 @dataclass(frozen=True)
@@ -92,21 +225,22 @@ class Endpoint:
         return self.session_manager.run()
 
 
-def streamable_http(path: str = "/mcp") -> Endpoint:
+def streamable_http(
+    path: str = "/mcp", *, session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
+) -> Endpoint:
     """The MCP tools at `path`, each call acting as the agent of the request's bearer token.
 
     Every request needs `Authorization: Bearer <agent token>` (401 with `WWW-Authenticate:
-    Bearer` otherwise), checked at each; a session stays bound to the agent that opened it.
+    Bearer` otherwise), checked at each; a session stays bound to the agent that opened it,
+    and ends when its client ends it (DELETE) or after `session_idle_timeout` seconds without
+    a request.
     """
     server = build_server(token_agent)
-    # The Host check is AllowedHosts' (Django's semantics); the SDK's would accept only
-    # localhost names.
-    mcp = server.streamable_http_app(
-        streamable_http_path=path,
-        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-    )
+    # The low-level server under the tools, which the SDK's own streamable_http_app() would
+    # hand its session manager: ours is the SDK's, capped per agent.
+    sessions = AgentSessions(server._lowlevel_server, session_idle_timeout)
     app = AuthenticationMiddleware(
-        AuthContextMiddleware(RequireAuthMiddleware(mcp, required_scopes=[])),
+        AuthContextMiddleware(RequireAuthMiddleware(sessions.serve, required_scopes=[])),
         backend=BearerAuthBackend(AgentTokens()),
     )
-    return Endpoint(AllowedHosts(app), path, server.session_manager)
+    return Endpoint(AllowedHosts(HttpsOnly(app)), path, sessions)

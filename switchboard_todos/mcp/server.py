@@ -1,8 +1,8 @@
 """The MCP tools: the queue's verbs for an agent, each one call of the agent service layer.
 
 The tools never check a permission or a value themselves: the service does, for HTTP and MCP
-alike, and its typed exceptions come back as MCP tool errors (`isError`) carrying the problem
-details of the one error table, so the session goes on. Each docstring below is what the
+alike, and its typed exceptions come back as MCP tool errors (`isError`), so the session goes
+on: the problem of the one error table as text, for the model. Each docstring below is what the
 language model reads as the tool's description.
 """
 
@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from switchboard_todos import __version__, faults
 from switchboard_todos.agents import errors, service
 from switchboard_todos.agents.serialize import TodoJSON, todo_json
-from switchboard_todos.exceptions import TodoError
+from switchboard_todos.exceptions import Throttled, TodoError
 from switchboard_todos.models import Agent, Todo
 
 logger = logging.getLogger(__name__)
@@ -82,13 +82,30 @@ def _result(structured: dict[str, Any]) -> CallToolResult:
     )
 
 
-def _problem(kind: errors.ErrorKind, detail: str) -> CallToolResult:
-    """A tool error: the HTTP API's problem details, and what to do about it, for the model."""
-    text = f"{kind.title} ({kind.status}): {detail} {kind.advice}"
+#: The key of an error result's `_meta` that holds the HTTP API's problem details, for programs.
+PROBLEM_META = "switchboard-todos/problem"
+
+
+def problem_text(kind: errors.ErrorKind, detail: str, retry_after: int | None = None) -> str:
+    """A problem as the model reads it: what happened, and what to do about it."""
+    wait = "" if retry_after is None else f" Retry-After: {retry_after} s."
+    return f"{kind.title} ({kind.status}): {detail}{wait} {kind.advice}"
+
+
+def _problem(kind: errors.ErrorKind, detail: str, retry_after: int | None = None) -> CallToolResult:
+    """A tool error that every client hands to the model: the problem as text content.
+
+    No structured content: a client holds that to the tool's output schema, errors included
+    (the TypeScript SDK's refuses the whole result as a protocol error when it does not
+    match), and the schema is the tool's result. The problem details go in `_meta`.
+    """
+    problem = errors.problem(kind, detail)
+    if retry_after is not None:
+        problem["retry_after"] = retry_after
     return CallToolResult(
-        content=[TextContent(type="text", text=text)],
-        structured_content=errors.problem(kind, detail),
+        content=[TextContent(type="text", text=problem_text(kind, detail, retry_after))],
         is_error=True,
+        _meta={PROBLEM_META: problem},
     )
 
 
@@ -102,6 +119,8 @@ class Tools:
         async with request_scope():
             try:
                 return _result(await call(await self._agent()))
+            except Throttled as error:
+                return _problem(errors.THROTTLED, str(error), error.retry_after)
             except TodoError as error:
                 return _problem(errors.kind_of(error), str(error))
             except DatabaseError as error:
@@ -176,12 +195,28 @@ class Tools:
 
         return await self._run(call)
 
-    async def heartbeat(self, todo_id: TodoId, ttl: Ttl) -> Annotated[CallToolResult, TodoJSON]:
-        """Keep a todo you hold: extend its lease to `ttl` seconds from now. Call it well
-        before the lease expires (e.g. every ttl/3) while you work on the todo. Errors: a
-        conflict or not-found means the lease is lost (it expired and the todo went back to the
-        queue, perhaps to another agent): stop working on it, do not complete it, claim again."""
-        return await self._run(lambda agent: _todo(service.aheartbeat(agent, todo_id, ttl)))
+    async def heartbeat(
+        self,
+        todo_id: TodoId,
+        ttl: Ttl,
+        progress: Annotated[
+            Any,
+            Field(
+                description="What you have done so far and what is left, in a few words or "
+                "any JSON value; it replaces your last note."
+            ),
+        ] = None,
+    ) -> Annotated[CallToolResult, TodoJSON]:
+        """Keep a todo you hold and report how far you got: extend its lease to `ttl` seconds
+        from now, with `progress`, a note of what you have done so far (people and other agents
+        read it on the todo). Call it well before the lease expires (e.g. every ttl/3) while
+        you work on the todo. Errors: "Cancelled" means an operator cancelled the todo: stop
+        work on it now, do not complete or fail it. A conflict or not-found means the lease is
+        lost (it expired and the todo went back to the queue, perhaps to another agent): stop
+        working on it, do not complete it, claim again."""
+        return await self._run(
+            lambda agent: _todo(service.aheartbeat(agent, todo_id, ttl, progress))
+        )
 
     async def complete(
         self,
@@ -253,8 +288,12 @@ class Tools:
             Field(description="Not claimable before this time: ISO 8601 with a time zone."),
         ] = None,
         max_attempts: Annotated[
-            int, Field(description="Attempts before it becomes a dead letter.")
-        ] = 5,
+            int | None,
+            Field(
+                description="Attempts before it becomes a dead letter; default 5, and at most "
+                "your limit."
+            ),
+        ] = None,
         priority: Annotated[
             int, Field(description="-100 to 100; higher is claimed sooner; default 0.")
         ] = 0,
@@ -268,8 +307,11 @@ class Tools:
     ) -> Annotated[CallToolResult, Created]:
         """Create a todo for another agent or worker (or for later): hand off work you found.
         With an `idempotency_key`, calling again after a timeout or crash is safe: the live
-        todo with that key comes back with created=false. Errors: a queue you have no grant
-        to create in is refused; invalid values say which one to fix."""
+        todo with that key comes back with created=false (in a queue you do not claim from, a
+        conflict saying the key is taken: your earlier call went through). Your keys are your
+        own: they never match another agent's or a producer's. Errors: a queue you have no grant
+        to create in is refused; invalid values say which one to fix; too many creations a
+        minute: wait as the error says."""
 
         async def call(agent: Agent) -> dict[str, Any]:
             todo, created = await service.acreate_for(

@@ -16,3 +16,38 @@ UPDATE todo_agents
 RETURNING todo_agents.id
 )
 SELECT * FROM found;
+
+-- name: count_creates
+-- Count one creation against agent %(agent_id)s's quota of %(quota)s a minute, unless it would
+-- go past it. The agent's window is the minute from its first creation after the last window
+-- ended. Returns whether it was counted, and the seconds left in the window (how long a
+-- refused creation should wait). Creations of one agent wait on its row in turn.
+WITH agent AS (
+    SELECT id,
+           CASE WHEN creates_window > now() - interval '1 minute' THEN creates_window
+                ELSE now() END AS window_start,
+           CASE WHEN creates_window > now() - interval '1 minute' THEN creates_in_window
+                ELSE 0 END AS created
+      FROM todo_agents
+     WHERE id = %(agent_id)s
+       FOR NO KEY UPDATE
+),
+counted AS (
+UPDATE todo_agents
+   SET creates_window = agent.window_start,
+       creates_in_window = agent.created + 1
+  FROM agent
+ WHERE todo_agents.id = agent.id AND agent.created < %(quota)s
+RETURNING todo_agents.id
+)
+SELECT EXISTS (SELECT FROM counted) AS counted,
+       extract(epoch FROM window_start + interval '1 minute' - now())::float8 AS window_left
+  FROM agent;
+
+-- name: held
+-- How many todos %(owner)s holds (claimed, lapsed or not, until the reaper or another claim
+-- takes them back), and the seconds until the earliest of their leases ends (idx_todos_held).
+SELECT count(*) AS held,
+       extract(epoch FROM min(lease_expires_at) - now())::float8 AS first_lease_ends_in
+  FROM todos
+ WHERE state = 'claimed' AND owner = %(owner)s;

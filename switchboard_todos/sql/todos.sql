@@ -168,6 +168,91 @@ counted AS (
      WHERE settings.name = claims.queue AND settings.rate_limit IS NOT NULL
 )
 
+-- fragment: waited(parent)
+-- How many of the rows of `parent` (a FROM item of id, state: parents locked and read as they
+-- are now) a new todo waits for: those neither done nor failed.
+count(*) FILTER (WHERE $parent.state IN ('pending', 'claimed'))
+
+-- fragment: usable(parent, wanted)
+-- Whether the parents a new todo names (`wanted`, a text[]) all exist, and none is a dead letter:
+-- a todo does not wait for what will never be done (requeue it first).
+count(*) = cardinality($wanted) AND count(*) FILTER (WHERE $parent.state = 'failed') = 0
+
+-- fragment: parents_locked(ids)
+-- The "parent" CTE of a creation: the existing todos in `ids` (a text[]) a new todo waits for,
+-- locked in id order (two creators of children of one parent take turns, never deadlock; a
+-- statement finishing one waits, then sees the child: children_seen) and read as they are now.
+parent AS MATERIALIZED (
+    SELECT id, state
+      FROM todos
+     WHERE id = ANY ($ids)
+     ORDER BY id
+       FOR NO KEY UPDATE
+)
+
+-- fragment: parents_shared(name, todos)
+-- The `name` CTE: the parents of the todos in `todos` (a CTE of ids) that are not among them,
+-- locked FOR SHARE in id order and read as they are now, to count what those todos wait for:
+-- a statement completing one of them waits for this one, then sees what it brought back.
+$name AS MATERIALIZED (
+    SELECT id, state
+      FROM todos
+     WHERE id = ANY (ARRAY(SELECT unnest(parents) FROM todos
+                            WHERE id IN (SELECT id FROM $todos) AND parents IS NOT NULL))
+       AND id NOT IN (SELECT id FROM $todos)
+     ORDER BY id
+       FOR SHARE
+)
+
+-- fragment: waiting_again(todo, back, parent)
+-- How many parents the todo `todo` (an id) waits for as it is brought back: those brought back
+-- with it (`back`, a SELECT of ids), and of its other parents (`parent`, parents_shared) those
+-- neither done nor failed.
+(SELECT count(*)
+   FROM unnest(coalesce((SELECT t.parents FROM todos AS t WHERE t.id = $todo), '{}'))
+        AS edge (id)
+  WHERE edge.id IN ($back)
+     OR edge.id IN (SELECT id FROM $parent WHERE state IN ('pending', 'claimed')))
+
+-- fragment: revived(requeued)
+-- The "revived_set", "revived_parent" and "revived" CTEs: the todos cancelled because a todo of
+-- `requeued` (just brought back) failed, and in turn those cancelled because they were
+-- (result "ParentFailed", its "parent"), pending again with a fresh attempt budget, waiting
+-- again for their parents not done (waiting_again): blocked, or due now.
+revived_set AS MATERIALIZED (
+    WITH RECURSIVE below (id, children) AS (
+        SELECT child.id, child.children
+          FROM $requeued
+         CROSS JOIN LATERAL unnest($requeued.children) AS edge (id)
+          JOIN todos AS child ON child.id = edge.id
+         WHERE child.state = 'failed' AND child.result ->> 'type' = 'ParentFailed'
+           AND child.result ->> 'parent' = $requeued.id
+        UNION
+        SELECT child.id, child.children
+          FROM below
+         CROSS JOIN LATERAL unnest(below.children) AS edge (id)
+          JOIN todos AS child ON child.id = edge.id
+         WHERE child.state = 'failed' AND child.result ->> 'type' = 'ParentFailed'
+           AND child.result ->> 'parent' = below.id
+    )
+    SELECT DISTINCT id FROM below
+),
+revived_back AS MATERIALIZED (
+    SELECT id FROM revived_set UNION SELECT id FROM $requeued
+),
+{{parents_shared(revived_parent, revived_back)}},
+revived AS (
+UPDATE todos
+   SET state = 'pending', attempt = 0, owner = NULL, lease_expires_at = NULL, result = NULL,
+       completed_at = NULL, updated_at = now(),
+       waiting_for = {{waiting_again(revived_set.id, SELECT id FROM revived_back, revived_parent)}},
+       next_retry_at = CASE WHEN {{waiting_again(revived_set.id, SELECT id FROM revived_back, revived_parent)}} > 0
+                            THEN {{blocked}} ELSE now() END
+  FROM revived_set
+ WHERE todos.id = revived_set.id AND todos.state = 'failed'
+RETURNING todos.queue, todos.next_retry_at
+)
+
 -- fragment: blocked
 -- The next_retry_at of a todo that waits for others: later than any claim will look, and
 -- still a date Python can read (year 9999, not 'infinity').
@@ -258,7 +343,8 @@ cancelled_below AS (
     UPDATE todos
        SET state = 'failed', next_retry_at = NULL, completed_at = now(), updated_at = now(),
            result = {{parent_failed(lost.parent)}},
-           errors = {{errors_with(NULL, {{parent_failed(lost.parent)}})}}
+           errors = {{errors_with(NULL, {{parent_failed(lost.parent)}})}},
+           errors_dropped = {{errors_dropped_with}}
       FROM lost
      WHERE todos.id = lost.id AND todos.id IN (SELECT id FROM held_below)
        AND todos.state = 'pending'
@@ -286,10 +372,19 @@ notified AS (
 
 -- fragment: errors_with(owner, error)
 -- The failure history (`errors`) with one more entry: the attempt that ended, who held it, when
--- it was claimed and when it ended, and `error`, an object with "type" and "message".
-errors || jsonb_build_array(jsonb_build_object(
-             'attempt', attempt, 'owner', $owner, 'claimed_at', claimed_at, 'at', now(),
-             'error', $error))
+-- it was claimed and when it ended, and `error`, an object with "type" and "message" (trimmed
+-- to SWITCHBOARD_TODOS_MAX_ERROR_BYTES before the statement). Only the last
+-- %(max_errors_kept)s entries are kept; errors_dropped_with counts the ones this drops, and
+-- every statement that writes one writes the other.
+jsonb_path_query_array(
+    errors || jsonb_build_array(jsonb_build_object(
+        'attempt', attempt, 'owner', $owner, 'claimed_at', claimed_at, 'at', now(),
+        'error', $error)),
+    '$[last - $kept + 1 to last]', jsonb_build_object('kept', %(max_errors_kept)s::int))
+
+-- fragment: errors_dropped_with
+-- `errors_dropped` plus the entries errors_with drops from the history, in the same SET.
+errors_dropped + greatest(0, jsonb_array_length(errors) + 1 - %(max_errors_kept)s::int)
 
 -- fragment: lease_expired
 -- The error of an attempt whose lease lapsed: recorded by the reaper, or the claim taking over.
@@ -297,8 +392,14 @@ jsonb_build_object('type', 'LeaseExpired',
     'message', 'The lease lapsed before complete, fail or release.')
 
 -- fragment: cancelled
--- The error of a todo an operator cancelled (dead_letter), with %(reason)s as its message.
+-- The error of a todo an operator cancelled (cancel), with %(reason)s as its message.
 jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text)
+
+-- fragment: cancelled_hold(todo)
+-- `todo` was cancelled by an operator while its owner held it: a dead letter whose result is
+-- the cancel's error and which, alone of the dead letters, keeps its owner (fail, the reaper
+-- and requeue clear it), so that the holder can be told "cancelled" rather than "not yours".
+($todo.state = 'failed' AND $todo.owner IS NOT NULL AND $todo.result ->> 'type' = 'Cancelled')
 
 -- fragment: lease_end(todo)
 -- When the lease a claim or heartbeat gives `todo` ends: %(ttl)s from now, or, when the caller
@@ -321,17 +422,44 @@ SET state = 'claimed',
     next_retry_at = NULL,
     errors = CASE WHEN state = 'claimed' THEN {{errors_with(owner, {{lease_expired}})}}
              ELSE errors END,
+    errors_dropped = CASE WHEN state = 'claimed' THEN {{errors_dropped_with}}
+                     ELSE errors_dropped END,
     slot = (SELECT slot.slot FROM slot WHERE slot.id = todos.id),
     updated_at = now()
 
+-- fragment: max_attempts_of(given, queue)
+-- A new todo's attempt budget: `given`, or when the caller gave none (NULL), the default of its
+-- queue `queue` (todo_queues.max_attempts), else %(default_max_attempts)s. The queue's row is
+-- read only when none was given: COALESCE evaluates an argument only when those before it
+-- are NULL.
+coalesce($given,
+         (SELECT settings.max_attempts FROM todo_queues AS settings WHERE settings.name = $queue),
+         %(default_max_attempts)s::int)
+
+-- fragment: purged
+-- The end of a purge: delete the todos its "doomed" CTE picked, and count them per queue and
+-- state with the newest completed_at of each (where the next batch starts). = ANY(ARRAY(...)),
+-- not IN (SELECT ...): an array is probed through the primary key; a semi-join may be planned
+-- as a hash join over a scan of the whole table.
+deleted AS (
+    DELETE FROM todos
+     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
+    RETURNING queue, state, completed_at
+)
+SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
+  FROM deleted
+ GROUP BY queue, state
+
 -- name: create_todo
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
+-- Without %(max_attempts)s (NULL), the todo takes its queue's default (max_attempts_of).
 WITH inserted AS (
     INSERT INTO todos (queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, next_retry_at)
     VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
-            %(idempotency_key)s, %(assignee)s, %(max_attempts)s, %(priority)s,
-            %(concurrency_key)s,
+            %(idempotency_key)s, %(assignee)s,
+            {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
+            %(priority)s, %(concurrency_key)s,
             CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
     {{unless_key_held}}
     RETURNING *
@@ -348,33 +476,27 @@ SELECT *, false AS created
 
 -- name: create_child
 -- Insert a pending todo %(id)s that waits for the todos %(parents)s, or return the live todo that
--- already holds (queue, idempotency_key). The parents are locked in id order (two creators of
--- children of one parent take turns; a statement completing it waits, then sees the child:
--- children_seen) and read as they are now: the todo waits for those neither done nor failed, and
--- is not claimable while it waits (next_retry_at in the year 9999, the "blocked" fragment: at
--- the end of idx_todos_scheduled, where no claim's scan of due todos reaches). Once inserted,
--- it is added to each parent's children. Nothing is written when a parent is missing or a dead letter: the manager says which.
-WITH parent AS MATERIALIZED (
-    SELECT id, state
-      FROM todos
-     WHERE id = ANY (%(parents)s::text[])
-     ORDER BY id
-       FOR NO KEY UPDATE
-),
+-- already holds (queue, idempotency_key). The parents are locked and read as they are now
+-- (parents_locked): the todo waits for those neither done nor failed, and is not claimable
+-- while it waits (next_retry_at in the year 9999, the "blocked" fragment: at the end of
+-- idx_todos_scheduled, where no claim's scan of due todos reaches). Once inserted, it is added
+-- to each parent's children. Nothing is written when a parent is missing or a dead letter: the
+-- manager says which. Without %(max_attempts)s, the queue's default (max_attempts_of).
+WITH {{parents_locked(%(parents)s::text[])}},
 waiting AS MATERIALIZED (
-    SELECT count(*) FILTER (WHERE state IN ('pending', 'claimed')) AS count
+    SELECT {{waited(parent)}} AS count
       FROM parent
-    HAVING count(*) = cardinality(%(parents)s::text[])
-       AND count(*) FILTER (WHERE state = 'failed') = 0
+    HAVING {{usable(parent, %(parents)s::text[])}}
 ),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, parents, waiting_for,
                        on_parent_failure, next_retry_at)
     SELECT %(id)s, %(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
-           %(idempotency_key)s, %(assignee)s, %(max_attempts)s, %(priority)s,
-           %(concurrency_key)s, %(parents)s::text[], waiting.count, %(on_parent_failure)s,
-           CASE WHEN waiting.count > 0 THEN {{blocked}} END
+           %(idempotency_key)s, %(assignee)s,
+           {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
+           %(priority)s, %(concurrency_key)s, %(parents)s::text[], waiting.count,
+           %(on_parent_failure)s, CASE WHEN waiting.count > 0 THEN {{blocked}} END
       FROM waiting
     {{unless_key_held}}
     RETURNING *
@@ -397,6 +519,7 @@ SELECT *, false AS created
 
 -- name: create_many
 -- Insert many pending todos at once; return the inserted rows and the live rows that hold keys.
+-- A row's max_attempts may be NULL: that todo takes its queue's default (max_attempts_of).
 WITH batch AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
@@ -411,7 +534,8 @@ inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, next_retry_at)
     SELECT id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
-           max_attempts, priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
+           {{max_attempts_of(batch.max_attempts, batch.queue)}},
+           priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
       FROM batch
     {{unless_key_held}}
     RETURNING *
@@ -430,8 +554,9 @@ SELECT todos.*, false AS created
 -- batch or nothing (the manager runs it in a transaction, and rolls it back when a member's key
 -- is held by a live todo). Each row gives its parents (JSON arrays of ids), how many of them
 -- are members (new, so not done), its children among the members, and its policy. The
--- existing parents, %(existing)s, are locked in id order and read as they are now, as
--- create_child does; nothing is inserted when one is missing or a dead letter.
+-- existing parents, %(existing)s, are locked and read as they are now, as create_child does;
+-- nothing is inserted when one is missing or a dead letter. A row without max_attempts takes
+-- its queue's default (max_attempts_of).
 WITH batch AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
@@ -444,16 +569,9 @@ WITH batch AS (
                    assignee, max_attempts, priority, concurrency_key, parents, members_waited,
                    children, policy)
 ),
-parent AS MATERIALIZED (
-    SELECT id, state
-      FROM todos
-     WHERE id = ANY (%(existing)s::text[])
-     ORDER BY id
-       FOR NO KEY UPDATE
-),
+{{parents_locked(%(existing)s::text[])}},
 usable AS MATERIALIZED (
-    SELECT count(*) = cardinality(%(existing)s::text[])
-           AND count(*) FILTER (WHERE state = 'failed') = 0 AS ok
+    SELECT {{usable(parent, %(existing)s::text[])}} AS ok
       FROM parent
 ),
 inserted AS (
@@ -461,17 +579,16 @@ inserted AS (
                        assignee, max_attempts, priority, concurrency_key, parents, waiting_for,
                        on_parent_failure, children, next_retry_at)
     SELECT batch.id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
-           max_attempts, priority, concurrency_key,
+           {{max_attempts_of(batch.max_attempts, batch.queue)}}, priority, concurrency_key,
            nullif(ARRAY(SELECT jsonb_array_elements_text(batch.parents)), '{}'),
            members_waited + waiting.existing, policy,
            nullif(ARRAY(SELECT jsonb_array_elements_text(batch.children)), '{}'),
            CASE WHEN members_waited + waiting.existing > 0 THEN {{blocked}} END
       FROM batch
      CROSS JOIN LATERAL (
-            SELECT count(*) AS existing
+            SELECT {{waited(parent)}} AS existing
               FROM parent
-             WHERE parent.state IN ('pending', 'claimed')
-               AND parent.id IN (SELECT jsonb_array_elements_text(batch.parents))
+             WHERE parent.id IN (SELECT jsonb_array_elements_text(batch.parents))
            ) AS waiting
      WHERE (SELECT ok FROM usable)
     {{unless_key_held}}
@@ -681,9 +798,12 @@ claimed AS (
 SELECT * FROM claimed;
 
 -- name: heartbeat
--- Extend the lease of a todo the owner still holds (lease_end). Guard: claimed, same owner.
+-- Extend the lease of a todo the owner still holds (lease_end), and keep %(progress)s as its
+-- latest progress note (none given: the last one stays). Guard: claimed, same owner.
 UPDATE todos
-   SET lease_expires_at = {{lease_end(todos)}}, updated_at = now()
+   SET lease_expires_at = {{lease_end(todos)}},
+       progress = coalesce(%(progress)s::jsonb, progress),
+       updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
 RETURNING *;
 
@@ -691,10 +811,15 @@ RETURNING *;
 -- Extend the leases of many todos the owner holds, in one statement that never waits on a row
 -- lock: a todo another session has locked (an operator's statement, a long transaction) is
 -- skipped, and the caller tries it again at its next beat, well before the lease lapses.
--- Returns each id the owner held when the statement began, and whether its lease was extended.
+-- %(progress)s (a JSON object, or null) maps some of the ids to their latest progress notes.
+-- Returns each id the owner held when the statement began, and whether its lease was extended;
+-- and each one an operator cancelled while the owner held it (cancelled_hold), so that its
+-- holder stops.
 WITH extended AS (
 UPDATE todos
-   SET lease_expires_at = {{lease_end(todos)}}, updated_at = now()
+   SET lease_expires_at = {{lease_end(todos)}},
+       progress = coalesce(%(progress)s::jsonb -> todos.id, todos.progress),
+       updated_at = now()
  WHERE id = ANY (ARRAY(
            SELECT id FROM todos
             WHERE id = ANY (%(todo_ids)s::text[]) AND state = 'claimed' AND owner = %(owner)s
@@ -702,9 +827,11 @@ UPDATE todos
    AND state = 'claimed' AND owner = %(owner)s
 RETURNING id
 )
-SELECT todos.id, todos.id IN (SELECT id FROM extended) AS extended
+SELECT todos.id, todos.id IN (SELECT id FROM extended) AS extended,
+       todos.state <> 'claimed' AS cancelled
   FROM todos
- WHERE todos.id = ANY (%(todo_ids)s::text[]) AND todos.state = 'claimed' AND todos.owner = %(owner)s;
+ WHERE todos.id = ANY (%(todo_ids)s::text[]) AND todos.owner = %(owner)s
+   AND (todos.state = 'claimed' OR {{cancelled_hold(todos)}});
 
 -- name: complete
 -- Mark a todo done with its result, and unblock the todos waiting for it (their last parent
@@ -761,6 +888,7 @@ UPDATE todos
        lease_expires_at = NULL,
        result = %(error)s::jsonb,
        errors = {{errors_with(owner, %(error)s::jsonb)}},
+       errors_dropped = {{errors_dropped_with}},
        completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
@@ -810,6 +938,7 @@ reaped AS (
            result = CASE WHEN attempt >= max_attempts THEN jsonb_build_object('type', 'LeaseExpired',
                         'message', 'The lease lapsed on the last attempt.') ELSE result END,
            errors = {{errors_with(owner, {{lease_expired}})}},
+           errors_dropped = {{errors_dropped_with}},
            completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
            updated_at = now()
       FROM lapsed
@@ -826,40 +955,25 @@ SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
 
 -- name: requeue
 -- Operator redrive: dead letters in %(ids)s back to pending with a fresh attempt budget, and
--- with them the todos that were cancelled because they failed (their result's "parent"), in
--- turn. Each that waits for others waits again for those not done (its parents locked and read
--- as they are now): blocked until then. Guard: failed, and no live todo holds its idempotency
--- key (else idx_todos_dedupe would fail); of several dead letters in %(ids)s sharing a key, only
--- the newest goes back.
+-- with them the todos that were cancelled because they failed (revived). Each that waits for
+-- others waits again for those not done (waiting_again): blocked until then. Guard: failed,
+-- and no live todo holds its idempotency key (else idx_todos_dedupe would fail); of several
+-- dead letters in %(ids)s sharing a key, only the newest goes back.
 WITH wanted AS (
     SELECT DISTINCT ON (queue, coalesce(idempotency_key, id)) id
       FROM todos
      WHERE id = ANY (%(ids)s::text[]) AND state = 'failed'
      ORDER BY queue, coalesce(idempotency_key, id), created_at DESC, id
 ),
-parent AS MATERIALIZED (
-    SELECT id, state
-      FROM todos
-     WHERE id = ANY (ARRAY(SELECT unnest(parents) FROM todos
-                            WHERE id IN (SELECT id FROM wanted) AND parents IS NOT NULL))
-       AND id NOT IN (SELECT id FROM wanted)
-     ORDER BY id
-       FOR SHARE
-),
+{{parents_shared(wanted_parent, wanted)}},
 requeued AS (
 UPDATE todos
    SET state = 'pending', attempt = 0, owner = NULL, lease_expires_at = NULL,
        completed_at = NULL, updated_at = now(),
-       waiting_for = waiting.count,
-       next_retry_at = CASE WHEN waiting.count > 0 THEN {{blocked}} END
+       waiting_for = {{waiting_again(wanted.id, SELECT id FROM wanted, wanted_parent)}},
+       next_retry_at = CASE WHEN {{waiting_again(wanted.id, SELECT id FROM wanted, wanted_parent)}} > 0
+                            THEN {{blocked}} END
   FROM wanted
- CROSS JOIN LATERAL (
-        SELECT count(*) AS count
-          FROM unnest(coalesce((SELECT t.parents FROM todos AS t WHERE t.id = wanted.id), '{}'))
-               AS edge (id)
-         WHERE edge.id IN (SELECT id FROM wanted)
-            OR edge.id IN (SELECT id FROM parent WHERE state IN ('pending', 'claimed'))
-       ) AS waiting
  WHERE todos.id = wanted.id AND todos.state = 'failed'
    AND NOT EXISTS (
         SELECT FROM todos AS live
@@ -868,49 +982,7 @@ UPDATE todos
            AND {{live(live.state)}})
 RETURNING todos.*
 ),
-revived_set AS MATERIALIZED (
-    WITH RECURSIVE below (id, children) AS (
-        SELECT child.id, child.children
-          FROM requeued
-         CROSS JOIN LATERAL unnest(requeued.children) AS edge (id)
-          JOIN todos AS child ON child.id = edge.id
-         WHERE child.state = 'failed' AND child.result ->> 'type' = 'ParentFailed'
-           AND child.result ->> 'parent' = requeued.id
-        UNION
-        SELECT child.id, child.children
-          FROM below
-         CROSS JOIN LATERAL unnest(below.children) AS edge (id)
-          JOIN todos AS child ON child.id = edge.id
-         WHERE child.state = 'failed' AND child.result ->> 'type' = 'ParentFailed'
-           AND child.result ->> 'parent' = below.id
-    )
-    SELECT DISTINCT id FROM below
-),
-revived_parent AS MATERIALIZED (
-    SELECT id, state
-      FROM todos
-     WHERE id = ANY (ARRAY(SELECT unnest(parents) FROM todos
-                            WHERE id IN (SELECT id FROM revived_set)))
-       AND id NOT IN (SELECT id FROM revived_set UNION SELECT id FROM requeued)
-     ORDER BY id
-       FOR SHARE
-),
-revived AS (
-UPDATE todos
-   SET state = 'pending', attempt = 0, owner = NULL, lease_expires_at = NULL, result = NULL,
-       completed_at = NULL, updated_at = now(),
-       waiting_for = waiting.count,
-       next_retry_at = CASE WHEN waiting.count > 0 THEN {{blocked}} ELSE now() END
-  FROM revived_set
- CROSS JOIN LATERAL (
-        SELECT count(*) AS count
-          FROM unnest((SELECT t.parents FROM todos AS t WHERE t.id = revived_set.id)) AS edge (id)
-         WHERE edge.id IN (SELECT id FROM revived_set UNION SELECT id FROM requeued)
-            OR edge.id IN (SELECT id FROM revived_parent WHERE state IN ('pending', 'claimed'))
-       ) AS waiting
- WHERE todos.id = revived_set.id AND todos.state = 'failed'
-RETURNING todos.queue, todos.next_retry_at
-),
+{{revived(requeued)}},
 {{notified((SELECT queue FROM requeued WHERE next_retry_at IS NULL UNION SELECT queue FROM revived WHERE next_retry_at <= now()) AS woken WHERE %(notify)s)}}
 SELECT * FROM requeued WHERE (SELECT count(*) FROM notified) >= 0;
 
@@ -926,19 +998,24 @@ RETURNING *
 {{notified(expired WHERE %(notify)s)}}
 SELECT * FROM expired WHERE (SELECT count(*) FROM notified) >= 0;
 
--- name: dead_letter
--- Operator cancel: the pending todos in %(ids)s become dead letters, %(reason)s recorded as the
--- result and in the failure history, and the todos that wait for them are settled (settled).
--- Guard: pending.
+-- name: cancel
+-- Operator cancel: the pending or claimed todos in %(ids)s become dead letters, %(reason)s
+-- recorded as the result and in the failure history (with the attempt it ended, for a claimed
+-- one), and the todos that wait for them are settled (settled). A claimed todo's lease ends,
+-- and it keeps its owner (cancelled_hold): the holder's next heartbeat, complete, fail or
+-- release is told it was cancelled. Guard: pending or claimed.
 WITH dead AS (
 UPDATE todos
    SET state = 'failed',
        next_retry_at = NULL,
+       lease_expires_at = NULL,
        result = {{cancelled}},
-       errors = {{errors_with(NULL, {{cancelled}})}},
+       errors = {{errors_with(owner, {{cancelled}})}},
+       errors_dropped = {{errors_dropped_with}},
        completed_at = now(),
        updated_at = now()
- WHERE id = ANY (%(ids)s::text[]) AND state = 'pending' AND {{children_seen(todos)}}
+ WHERE id = ANY (%(ids)s::text[]) AND state IN ('pending', 'claimed')
+   AND {{children_seen(todos)}}
 RETURNING *
 ),
 {{settled(dead)}},
@@ -958,6 +1035,7 @@ RETURNING *;
 SELECT id, state, owner, assignee, queue, idempotency_key, concurrency_key, attempt, max_attempts,
        next_retry_at, next_retry_at > now() AS waiting,
        lease_expires_at, lease_expires_at <= now() AS lease_lapsed,
+       {{cancelled_hold(todos)}} AS cancelled_hold, result ->> 'message' AS cancel_reason,
        (SELECT live.id FROM todos AS live
          WHERE live.queue = todos.queue AND live.idempotency_key = todos.idempotency_key
            AND live.id <> todos.id AND {{live(live.state)}}) AS live_twin,
@@ -989,16 +1067,34 @@ WITH doomed AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ),
-deleted AS (
-    -- = ANY(ARRAY(...)), not IN (SELECT ...): an array is probed through the primary key;
-    -- a semi-join may be planned as a hash join over a scan of the whole table.
-    DELETE FROM todos
-     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING queue, state, completed_at
-)
-SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
-  FROM deleted
- GROUP BY queue, state;
+{{purged}};
+
+-- name: purge_retained
+-- Delete up to %(limit)s done and failed todos of queue %(queue)s completed longer ago than its
+-- retention, %(retention)s, and at or after %(after)s, oldest first; one bounded batch, which
+-- the reaper repeats while batches come back full. Nothing when the queue's retention
+-- (todo_queues) has since been cleared or made longer. Like purge_batch it walks
+-- idx_todos_finished from %(after)s, the newest completed_at a previous batch deleted: a todo
+-- is only ever completed at now(), so no deletable todo appears behind that mark, and the
+-- reaper keeps it from sweep to sweep instead of walking again, every few seconds, past the
+-- finished todos of queues kept for ever. Rows another session holds are skipped.
+WITH doomed AS (
+    SELECT id
+      FROM todos
+     WHERE state IN ('done', 'failed')
+       AND completed_at < now() - %(retention)s::interval
+       AND completed_at >= coalesce(%(after)s::timestamptz, '-infinity')
+       AND queue = %(queue)s
+       AND %(retention)s::interval <= (SELECT retention FROM todo_queues WHERE name = %(queue)s)
+     ORDER BY completed_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+{{purged}};
+
+-- name: retained_queues
+-- The queues with a retention (todo_queues), which the reaper purges, and their retention.
+SELECT name, retention FROM todo_queues WHERE retention IS NOT NULL ORDER BY name;
 
 -- name: count_purgeable
 -- Count, per queue and state, the todos purge_batch would delete with the same parameters.
@@ -1014,3 +1110,10 @@ SELECT queue, state, count(*) AS deleted
 -- name: notify_queues
 -- Wake the workers of %(queues)s, on commit: enqueue_many's COPY cannot notify by itself.
 SELECT pg_notify('switchboard_todos', queue) FROM unnest(%(queues)s::text[]) AS woken (queue);
+
+-- name: queue_max_attempts
+-- The default max_attempts of those of %(queues)s that have one (todo_queues): enqueue_many
+-- reads them before its COPY, which cannot look them up row by row.
+SELECT name, max_attempts
+  FROM todo_queues
+ WHERE name = ANY (%(queues)s::text[]) AND max_attempts IS NOT NULL;

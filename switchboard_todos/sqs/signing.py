@@ -2,14 +2,17 @@
 
 The access key id is the agent's name. SigV4 is an HMAC over the request keyed by the secret,
 so the server must be able to compute the secret, not only recognise it: it is derived,
-HMAC-SHA256 of the agent's name and token generation under a server key
-(SWITCHBOARD_TODOS_SQS_KEY, or one derived from SECRET_KEY). Nothing more is stored; rotating
-the agent's token (a new generation) rotates the secret, and revoking the agent refuses it.
+HMAC-SHA256 of the agent's name, token generation and credential salt under a server key
+(SWITCHBOARD_TODOS_SQS_KEY, or one derived from SECRET_KEY). The salt is random per agent and
+new at every rotation and revocation (agents/accounts.py), so an agent deleted and created
+again under the same name, or revoked and made active again, never gets an old secret back.
 Derivation rather than a stored, encrypted secret: there is no second secret store to keep,
 back up or rotate, and the token stays the one credential an operator manages.
 
 The signature is recomputed with botocore's own SigV4 signer over the headers the client says
 it signed, and compared in constant time; the request time must be within MAX_SKEW of ours.
+The signed headers must include `host`, `x-amz-date` and `x-amz-target` (the action): a
+request signed without the action could be replayed, within MAX_SKEW, as another action.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from switchboard_todos.models import Agent
 #: As AWS: a request signed further from the server's time is refused.
 MAX_SKEW = timedelta(minutes=5)
 SERVICE = "sqs"
+#: The headers every request must have signed: where it goes, when, and which action it is.
+REQUIRED_SIGNED = frozenset({"host", "x-amz-date", "x-amz-target"})
 _AUTHORIZATION = re.compile(
     r"AWS4-HMAC-SHA256\s+Credential=(?P<key>[^/,\s]+)/(?P<date>\d{8})/(?P<region>[^/,\s]+)/"
     r"(?P<service>[^/,\s]+)/aws4_request,\s*SignedHeaders=(?P<headers>[a-z0-9;\-]+),\s*"
@@ -49,7 +54,7 @@ def secret_for(agent: Agent) -> str:
     key = getattr(settings, "SWITCHBOARD_TODOS_SQS_KEY", None) or settings.SECRET_KEY
     digest = salted_hmac(
         "switchboard_todos.sqs",
-        f"{agent.name}:{agent.token_generation}",
+        f"{agent.name}:{agent.token_generation}:{agent.credential_salt}",
         secret=key,
         algorithm="sha256",
     ).hexdigest()
@@ -94,8 +99,10 @@ def verify(
             "InvalidClientTokenId", "The security token included in the request is invalid."
         )
     signed = match["headers"].split(";")
-    if "host" not in signed or "x-amz-date" not in signed:
-        raise SigningError("SignatureDoesNotMatch", "Host and X-Amz-Date must be signed.")
+    if not REQUIRED_SIGNED.issubset(signed):
+        raise SigningError(
+            "SignatureDoesNotMatch", "Host, X-Amz-Date and X-Amz-Target must be signed."
+        )
     missing = [name for name in signed if name not in lowered]
     if missing:
         raise SigningError("SignatureDoesNotMatch", f"Signed headers missing: {missing}.")

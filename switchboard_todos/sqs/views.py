@@ -6,6 +6,10 @@ agents/service.py (which checks the grants), and answers SQS's JSON; errors come
 error table (agents/errors.py) in SQS's shape, with the `x-amzn-query-error` header botocore
 reads the legacy error codes from. The long poll of ReceiveMessage waits on the LISTEN path
 without holding a thread under ASGI.
+
+Every parameter is checked before the first statement runs, so a refused request writes and
+claims nothing; the answer of a send is computed before its todo is written, and a received
+batch that cannot be answered is given back (its attempts refunded), never left claimed.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -25,7 +30,7 @@ from django.views.decorators.csrf import csrf_exempt
 from switchboard_todos import faults, placement, stats, validation
 from switchboard_todos.agents import errors, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
-from switchboard_todos.models import Agent, State, Todo
+from switchboard_todos.models import Agent, Todo
 from switchboard_todos.sqs import messages, signing
 
 logger = logging.getLogger("switchboard_todos.sqs")
@@ -78,13 +83,7 @@ async def endpoint(request: HttpRequest, queue: str | None = None) -> HttpRespon
         body = request.body
         if len(body) > MAX_BODY:
             raise SQSError("InvalidParameterValue", f"The request body exceeds {MAX_BODY} bytes.")
-        agent = await sync_to_async(signing.verify)(
-            method=request.method or "POST",
-            url=request.build_absolute_uri(),
-            headers=dict(request.headers),
-            body=body,
-        )
-        params = _params(body)
+        agent, params = await sync_to_async(_signed)(request, body)
         return _answer(200, await action(agent, params, request))
     except signing.SigningError as error:
         return _error(error.code, str(error))
@@ -92,8 +91,10 @@ async def endpoint(request: HttpRequest, queue: str | None = None) -> HttpRespon
         return _error(error.code, str(error))
     except TodoError as error:
         return _error(errors.kind_of(error).sqs, str(error))
-    except DatabaseError as error:
-        if faults.is_outage(error):
+    except RequestDataTooBig:
+        return _error("InvalidParameterValue", "The request body is too large.")
+    except Exception as error:
+        if isinstance(error, DatabaseError) and faults.is_outage(error):
             return _error("ServiceUnavailable", "The database is unavailable; retry later.")
         logger.exception("SQS %s failed", request.headers.get("X-Amz-Target"))
         return _error("InternalFailure", "The request failed on the server.")
@@ -115,10 +116,22 @@ def _action(request: HttpRequest) -> Action:
     return action
 
 
+def _signed(request: HttpRequest, body: bytes) -> tuple[Agent, dict[str, Any]]:
+    """On a thread: the agent that signed the request, then its parameters, parsed only for a
+    signed request and never on the event loop."""
+    agent = signing.verify(
+        method=request.method or "POST",
+        url=request.build_absolute_uri(),
+        headers=dict(request.headers),
+        body=body,
+    )
+    return agent, _params(body)
+
+
 def _params(body: bytes) -> dict[str, Any]:
     try:
         params = json.loads(body or b"{}")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         raise SQSError("InvalidParameterValue", "The request body is not JSON.") from None
     if not isinstance(params, dict):
         raise SQSError("InvalidParameterValue", "The request body must be a JSON object.")
@@ -189,7 +202,7 @@ async def get_queue_attributes(
 ) -> dict[str, Any]:
     queue = _queue(params)
     _check_granted(agent, queue, _granted(agent))
-    wanted = params.get("AttributeNames") or ["All"]
+    wanted = _names(params, "AttributeNames") or {"All"}
     # The queue health the admin and the metrics read, by the database's clock; nothing of the
     # finished todos (recent=0), which SQS does not count.
     found = await sync_to_async(stats.queue_health)(
@@ -221,30 +234,27 @@ async def send_message(
 
 
 def _send(agent: Agent, queue: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Check everything, compute the answer, then write: nothing can fail after the todo is."""
     body = entry.get("MessageBody")
     if not isinstance(body, str) or not body:
         raise SQSError("MissingParameter", "The request must contain the parameter MessageBody.")
-    attributes = entry.get("MessageAttributes") or {}
-    if not isinstance(attributes, dict) or not all(
-        isinstance(value, dict) and "DataType" in value for value in attributes.values()
-    ):
-        raise SQSError("InvalidParameterValue", "MessageAttributes must map names to values.")
+    validation.text(body, "MessageBody", messages.MAX_VALUE_LENGTH)
+    attributes = messages.checked_attributes(entry.get("MessageAttributes") or {})
     delay = entry.get("DelaySeconds", 0)
     if type(delay) is not int or not 0 <= delay <= 900:
         raise SQSError("InvalidParameterValue", "DelaySeconds must be from 0 to 900.")
-    dedup = entry.get("MessageDeduplicationId")
+    answer = {"MD5OfMessageBody": messages.md5_of_body(body)}
+    if attributes:
+        answer["MD5OfMessageAttributes"] = messages.md5_of_attributes(attributes)
     todo, _created = service.create_for(
         agent,
         queue=queue,
         kind=messages.KIND,
         payload={"body": body, "attributes": attributes},
-        idempotency_key=dedup,
+        idempotency_key=entry.get("MessageDeduplicationId"),
         run_after=timezone.now() + timedelta(seconds=delay) if delay else None,
     )
-    answer = {"MessageId": todo.id, "MD5OfMessageBody": messages.md5_of_body(body)}
-    if attributes:
-        answer["MD5OfMessageAttributes"] = messages.md5_of_attributes(attributes)
-    return answer
+    return {"MessageId": todo.id, **answer}
 
 
 async def send_message_batch(
@@ -285,14 +295,40 @@ async def receive_message(
     limit = _number(params, "MaxNumberOfMessages", 1, 1, MAX_BATCH)
     visibility = _number(params, "VisibilityTimeout", DEFAULT_VISIBILITY, 0, 43200)
     wait = _number(params, "WaitTimeSeconds", 0, 0, service.MAX_WAIT)
+    wanted = _names(params, "MessageSystemAttributeNames") | _names(params, "AttributeNames")
+    attribute_names = _names(params, "MessageAttributeNames")
     todos = await service.aclaim(
         agent, queues=[queue], ttl=max(visibility, 1), wait=wait, limit=limit
     )
-    wanted = set(params.get("MessageSystemAttributeNames") or []) | set(
-        params.get("AttributeNames") or []
-    )
-    attribute_names = set(params.get("MessageAttributeNames") or [])
-    return {"Messages": [_message(todo, wanted, attribute_names) for todo in todos]}
+    return await _messages(agent, todos, wanted, attribute_names)
+
+
+def _names(params: dict[str, Any], name: str) -> set[str]:
+    """A parameter that lists names (of attributes), absent or a list of strs."""
+    value = params.get(name) or []
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise SQSError("InvalidParameterValue", f"{name} must be a list of names.")
+    return set(value)
+
+
+async def _messages(
+    agent: Agent, todos: list[Todo], wanted: set[str], attribute_names: set[str]
+) -> dict[str, Any]:
+    """The claimed todos as messages. Rendering cannot fail on what a todo holds; if it fails
+    all the same, the batch is released (attempts refunded) rather than left claimed."""
+    try:
+        return {"Messages": [_message(todo, wanted, attribute_names) for todo in todos]}
+    except Exception:
+        await sync_to_async(_release_all)(agent, todos)
+        raise
+
+
+def _release_all(agent: Agent, todos: list[Todo]) -> None:
+    for todo in todos:
+        try:
+            service.release(agent, todo.id)
+        except TodoError:  # the lease was lost meanwhile: nothing left to give back
+            continue
 
 
 def _number(params: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
@@ -310,15 +346,10 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
         "MD5OfBody": messages.md5_of_body(body),
         "Body": body,
     }
-    first_claim = todo.errors[0]["claimed_at"] if todo.errors else None
     system = {
         "ApproximateReceiveCount": str(todo.attempt),
         "SentTimestamp": str(_millis(todo.created_at)),
-        "ApproximateFirstReceiveTimestamp": str(
-            _millis(datetime.fromisoformat(first_claim))
-            if isinstance(first_claim, str)
-            else _millis(todo.claimed_at)
-        ),
+        "ApproximateFirstReceiveTimestamp": str(_millis(_first_claim(todo))),
     }
     chosen = {name: value for name, value in system.items() if "All" in wanted or name in wanted}
     if chosen:
@@ -335,7 +366,17 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
     return message
 
 
-def _millis(moment: Any) -> int:
+def _first_claim(todo: Todo) -> datetime | None:
+    """When the todo was first received: its failure history's first claim, else this one."""
+    first = todo.errors[0] if isinstance(todo.errors, list) and todo.errors else None
+    moment = first.get("claimed_at") if isinstance(first, dict) else None
+    try:
+        return datetime.fromisoformat(moment) if isinstance(moment, str) else todo.claimed_at
+    except ValueError:
+        return todo.claimed_at
+
+
+def _millis(moment: datetime | None) -> int:
     return int(moment.timestamp() * 1000) if moment is not None else 0
 
 
@@ -343,12 +384,13 @@ def _millis(moment: Any) -> int:
 
 
 def _held(agent: Agent, handle: object, alias: str) -> str:
-    """The id of the todo `handle` names, locked, if `agent` still holds it under that receipt
-    (in database `alias`, where the queue lives).
+    """The id of the todo `handle` names, locked, if `agent` held it under that receipt (in
+    database `alias`, where the queue lives).
 
-    The lease's holder is checked by the guarded transition that follows; the attempt is
-    checked here, under the row lock, so that a handle from an earlier receipt of the same
-    message cannot act on the current one.
+    The lease's holder and state are checked by the guarded transition that follows, which
+    says why it missed (a message an operator cancelled: MessageNotInflight); the receipt (the
+    attempt and the moment of the claim) is checked here, under the row lock, so that a handle
+    from an earlier receipt of the same message cannot act on the current one.
     """
     receipt = messages.read_receipt(handle)
     if receipt is None:
@@ -356,7 +398,12 @@ def _held(agent: Agent, handle: object, alias: str) -> str:
     held = (
         Todo.objects.using(alias)
         .select_for_update()
-        .filter(pk=receipt.todo_id, owner=agent.name, state=State.CLAIMED, attempt=receipt.attempt)
+        .filter(
+            pk=receipt.todo_id,
+            owner=agent.name,
+            attempt=receipt.attempt,
+            claimed_at=receipt.claimed_at,
+        )
         .exists()
     )
     if not held:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from argparse import ArgumentParser
+from argparse import SUPPRESS, ArgumentParser
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import CommandError
 
 from switchboard_todos.agents import accounts
+from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.management.base import OperatorCommand
-from switchboard_todos.management.cli import queue_name
+from switchboard_todos.management.cli import positive_int, queue_name
 from switchboard_todos.models import Agent
 
 
@@ -20,7 +22,9 @@ class Command(OperatorCommand):
         "print the new token alone on the last line: it is shown only this once (only its hash "
         "is stored). `revoke` refuses the agent's token from now on; `rotate` gives a new one "
         "and makes a revoked agent active again. `sqs-credentials` prints the agent's SQS "
-        "access key and secret as two shell lines (docs/sqs.md); rotating the token rotates them."
+        "access key and secret as two shell lines (docs/sqs.md); rotating the token rotates them. "
+        "`limits` sets the agent's quotas (`default`: the SWITCHBOARD_TODOS_AGENT_* setting), "
+        "or shows them."
     )
 
     examples = [
@@ -30,6 +34,8 @@ class Command(OperatorCommand):
         "manage.py todo_agent revoke triage-bot",
         "manage.py todo_agent list",
         "manage.py todo_agent sqs-credentials triage-bot",
+        "manage.py todo_agent create importer --create-queue github --max-creates-per-minute 60",
+        "manage.py todo_agent limits triage-bot --max-held 10 --max-attempts default",
     ]
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -49,6 +55,10 @@ class Command(OperatorCommand):
                 metavar="QUEUE",
                 help=f"A queue it may {what}; repeat for several.",
             )
+        _quota_options(create, positive_int)
+        limits = actions.add_parser("limits", help="Set or show the quotas of an agent.")
+        limits.add_argument("name")
+        _quota_options(limits, _quota)
         for action, what in (
             ("rotate", "Print a new token"),
             ("revoke", "Revoke the token"),
@@ -71,9 +81,16 @@ class Command(OperatorCommand):
                 )
             except InvalidTodo as error:
                 raise CommandError(str(error)) from None
-            self._show_token(f"Created agent {agent.name!r}: {_grants(agent)}.", token)
+            _set_quotas(agent, options)
+            self._show_token(
+                f"Created agent {agent.name!r}: {_grants(agent)}; {_quotas(agent)}.", token
+            )
             return
         agent = self._agent(options["name"])
+        if action == "limits":
+            _set_quotas(agent, options)
+            self.stdout.write(f"Agent {agent.name!r}: {_quotas(agent)}.")
+            return
         if action == "sqs-credentials":
             from switchboard_todos.sqs.signing import secret_for
 
@@ -107,7 +124,8 @@ class Command(OperatorCommand):
                 agent.last_seen_at.isoformat(timespec="seconds") if agent.last_seen_at else "never"
             )
             self.stdout.write(
-                f"{agent.name}\t{status}\t{agent.token_prefix}…\tlast seen {seen}\t{_grants(agent)}"
+                f"{agent.name}\t{status}\t{agent.token_prefix}…\tlast seen {seen}\t"
+                f"{_grants(agent)}\t{_quotas(agent)}"
             )
 
 
@@ -115,3 +133,57 @@ def _grants(agent: Agent) -> str:
     claims = ", ".join(agent.claim_queues) or "no queue"
     creates = ", ".join(agent.create_queues) or "no queue"
     return f"claims from {claims}; creates in {creates}"
+
+
+#: The quota options: the Agent field each sets, the setting that applies when it is empty, and
+#: what it limits.
+QUOTAS = {
+    "--max-held": ("max_held", "AGENT_MAX_HELD", "todos it may hold at once"),
+    "--max-creates-per-minute": (
+        "max_creates_per_minute",
+        "AGENT_MAX_CREATES_PER_MINUTE",
+        "todos it may create per minute",
+    ),
+    "--max-attempts": (
+        "max_attempts_limit",
+        "AGENT_MAX_ATTEMPTS",
+        "the highest max_attempts it may give",
+    ),
+}
+DEFAULT = "default"
+
+
+def _quota_options(parser: ArgumentParser, kind: Callable[[str], int | None]) -> None:
+    for flag, (field, setting, what) in QUOTAS.items():
+        parser.add_argument(
+            flag,
+            dest=field,
+            type=kind,
+            default=SUPPRESS,  # left out: unchanged
+            metavar="N",
+            help=f"Most {what}; default: SWITCHBOARD_TODOS_{setting}.",
+        )
+
+
+def _quota(text: str) -> int | None:
+    """A quota of 1 or more, or `default` (None: the setting)."""
+    return None if text == DEFAULT else positive_int(text)
+
+
+def _set_quotas(agent: Agent, options: dict[str, Any]) -> None:
+    """Set the quotas given as options; None (`limits --max-held default`) is the setting."""
+    given = {
+        field: options[field] for field, _setting, _what in QUOTAS.values() if field in options
+    }
+    if given:
+        Agent.objects.filter(pk=agent.pk).update(**given)
+        agent.refresh_from_db()
+
+
+def _quotas(agent: Agent) -> str:
+    values = []
+    for field, setting, _what in QUOTAS.values():
+        own = getattr(agent, field)
+        shown = f"{getattr(conf, setting)} (default)" if own is None else str(own)
+        values.append(f"{field} {shown}")
+    return ", ".join(values)

@@ -22,7 +22,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("switchboard_todos", "0011_claim_limits"),
+        ("switchboard_todos", "0012_cancel_permission"),
     ]
 
     operations = [

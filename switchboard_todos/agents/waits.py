@@ -1,0 +1,79 @@
+"""The cap on an agent's long polls waiting at once (SWITCHBOARD_TODOS_AGENT_MAX_WAITS).
+
+Every remote surface's claim with a wait passes here before anything is claimed. Past the cap
+the agent is told to slow down (Throttled: HTTP 429 with Retry-After, SQS RequestThrottled, an
+MCP tool error that says when to poll again) instead of being given a waiter. The count is of
+the waits in this server process: behind a balancer with N processes an agent may have N times
+the cap waiting, each process bounding its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+from asgiref.sync import SyncToAsync, sync_to_async
+from django.db import connections
+
+from switchboard_todos.conf import conf
+from switchboard_todos.exceptions import Throttled
+from switchboard_todos.models import Agent
+
+#: How long an agent past its cap is asked to wait before polling again, in seconds.
+RETRY_AFTER = 1
+
+_lock = threading.Lock()
+_waiting: Counter[str] = Counter()
+
+
+@contextmanager
+def admitted(agent: Agent, seconds: float) -> Iterator[None]:
+    """Count a long poll of `agent` (a claim waiting up to `seconds`) while it lasts, or raise
+    Throttled when the agent has SWITCHBOARD_TODOS_AGENT_MAX_WAITS waiting already. A claim
+    without a wait is not counted."""
+    if not seconds:
+        yield
+        return
+    cap = conf.AGENT_MAX_WAITS
+    with _lock:
+        if _waiting[agent.name] >= cap:
+            raise Throttled(
+                f"Agent {agent.name!r} already has {cap} long polls waiting on this server "
+                "(SWITCHBOARD_TODOS_AGENT_MAX_WAITS): let one of them answer before starting "
+                f"another; poll again in {RETRY_AFTER} s at the earliest.",
+                retry_after=RETRY_AFTER,
+            )
+        _waiting[agent.name] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _waiting[agent.name] -= 1
+            if not _waiting[agent.name]:
+                del _waiting[agent.name]
+
+
+@asynccontextmanager
+async def awaiting(agent: Agent, seconds: float) -> AsyncIterator[None]:
+    """`admitted`, for a long poll of an async surface, which then gives back the connections
+    of its request's own thread: the poll's claims run on the claim threads (waiting.py), and
+    the connection that authenticated the request would otherwise be held through the wait.
+
+    A request has a thread of its own under Django's ASGI handler and the MCP endpoint (a
+    ThreadSensitiveContext each). Without one (AgentsAPIFirst's verbs, a plain event loop) the
+    caller's thread is shared and long-lived, and keeps its connection, as a worker's does.
+    """
+    with admitted(agent, seconds):
+        if seconds and SyncToAsync.thread_sensitive_context.get(None) is not None:
+            await sync_to_async(_give_back_connections)()
+        yield
+
+
+def _give_back_connections() -> None:
+    """Close this thread's connections (a pooled one goes back to the pool), outside a
+    transaction: the request's own thread's, which Django would close when the request ends."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close()

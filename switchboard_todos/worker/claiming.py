@@ -1,0 +1,115 @@
+"""Claiming: each runner's next batch, sized to its pace, within the `max_todos` budget."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from switchboard_todos import faults
+from switchboard_todos.models import Todo
+from switchboard_todos.queues import QueueSelection
+from switchboard_todos.worker.databases import Databases
+from switchboard_todos.worker.hand import Hand, Held, Runner
+
+#: The claim-to-start delay a batch may add to its last todo, in seconds (and at most TTL/10).
+PREFETCH_WINDOW = 0.2
+
+
+class Claimer:
+    """Claims batches for the runners, from the queues and databases the worker serves.
+
+    A batch is sized so that its last todo starts within PREFETCH_WINDOW of the claim: quick
+    handlers get batches of up to `batch_size`, slow ones a single todo, so a worker never
+    sits on todos another worker could be running.
+    """
+
+    def __init__(
+        self,
+        hand: Hand,
+        databases: Databases,
+        selection: QueueSelection,
+        *,
+        batch_size: int,
+        max_todos: int | None,
+    ) -> None:
+        self.hand = hand
+        self.databases = databases
+        self.selection = selection
+        self.batch_size = batch_size
+        self.max_todos = max_todos
+        self._prefetch_window = min(PREFETCH_WINDOW, hand.ttl / 10)
+        self._turns = itertools.count()
+        self._reserved = 0
+
+    def claim(self, runner: Runner) -> list[Todo] | None:
+        """Claim the runner's next batch; None when `max_todos` is used up."""
+        hand = self.hand
+        wanted = self.batch_size
+        if runner.average is not None:
+            wanted = min(wanted, max(1, int(self._prefetch_window / max(runner.average, 1e-6))))
+        else:
+            wanted = 1
+        limit = self._reserve(wanted)
+        if not limit:
+            return None
+        leased_at = time.monotonic()
+        try:
+            todos = self._claim_batch(limit)
+        except faults.DatabaseUnavailable as unavailable:
+            self._reserve(-limit)
+            hand.stopping.wait(unavailable.delay)
+            return []
+        if len(todos) < limit:
+            self._reserve(len(todos) - limit)
+        if self.max_todos is not None and self._reserved >= self.max_todos:
+            hand.doorbell.ring_all()  # the budget is spent: idle runners can go
+        if todos:
+            with hand.lock:
+                hand.stats.claimed += len(todos)
+            runner.batch.extend(Held(todo, leased_at) for todo in todos)
+            if len(todos) == limit and hand.concurrency > 1:
+                hand.doorbell.ring()  # there may be more: wake an idle runner
+        return todos
+
+    def _claim_batch(self, limit: int) -> list[Todo]:
+        """Claim up to `limit` todos from the queues served now (none yet, with '*': []).
+
+        With several databases, each claim starts at the next one in turn and goes on to the
+        others while it finds nothing, so a busy database starves none; one that is down is
+        passed over, and DatabaseUnavailable is raised only when every one is.
+        """
+        databases = self.databases.aliases
+        start = next(self._turns) % len(databases)
+        unavailable: list[faults.DatabaseUnavailable] = []
+        for alias in databases[start:] + databases[:start]:
+            try:
+                todos = self.databases.run(
+                    "claim", self._claim_from, alias, limit, tries=1, database=alias
+                )
+            except faults.DatabaseUnavailable as error:
+                unavailable.append(error)
+                continue
+            if todos:
+                return todos
+        if len(unavailable) == len(databases):
+            raise unavailable[0]
+        return []
+
+    def _claim_from(self, alias: str, limit: int) -> list[Todo]:
+        queues = self.selection.current(alias)
+        if not queues:
+            return []
+        return self.databases.managers[alias].claim_batch(
+            queues, self.hand.owner, self.hand.ttl, limit
+        )
+
+    def _reserve(self, count: int) -> int:
+        """Take up to `count` claims from the `max_todos` budget (give back with < 0)."""
+        hand = self.hand
+        with hand.lock:
+            if count > 0 and hand.stopping.is_set():
+                return 0
+            if self.max_todos is not None and count > 0:
+                count = min(count, self.max_todos - self._reserved)
+            self._reserved += count
+            return count
