@@ -21,7 +21,16 @@ from django.db import DatabaseError, IntegrityError, connections, models, router
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 
-from switchboard_todos import cursors, faults, graphs, placement, signals, validation, waiting
+from switchboard_todos import (
+    cursors,
+    endings,
+    faults,
+    graphs,
+    placement,
+    signals,
+    validation,
+    waiting,
+)
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
@@ -704,6 +713,17 @@ class TodoManager(_TodoManagerBase["Todo"]):
         return self._transition("heartbeat", params) or self._classify_miss(
             "heartbeat", todo_id, owner
         )
+
+    def wait_for(self, todo_id: str, timeout: Seconds) -> Todo:
+        """Block until a todo is done or failed, or `timeout` (seconds, up to a day) passes;
+        return it as it is then. Woken by NOTIFY the moment it ends (endings.py)."""
+        checked = validation.arguments(todo_id=todo_id, timeout=timeout)
+        return endings.wait(self, checked["todo_id"], checked["timeout"])
+
+    async def await_for(self, todo_id: str, timeout: Seconds) -> Todo:
+        """Async twin of `wait_for`: suspended while it waits, holding no thread or connection."""
+        checked = validation.arguments(todo_id=todo_id, timeout=timeout)
+        return await endings.await_(self, checked["todo_id"], checked["timeout"])
 
     def heartbeat_many(
         self,

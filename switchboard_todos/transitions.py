@@ -233,6 +233,7 @@ TRANSITIONS: dict[str, Transition] = {
                 _QUEUE_FULL,
             ),
         ),
+        Transition("await_todo", frozenset({State.PENDING, State.CLAIMED}), method="wait_for"),
         _owner_guarded("heartbeat"),
         _owner_guarded("heartbeat_many"),
         _owner_guarded("complete"),

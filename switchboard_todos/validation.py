@@ -192,6 +192,8 @@ def todo_ids(values: Iterable[str]) -> list[str]:
     return ids
 
 
+#: Longest `wait_for`.
+MAX_TIMEOUT = timedelta(days=1)
 #: Most todos one todo may wait for (`after`).
 MAX_PARENTS = 1000
 #: What a todo that waits for others may do when one of them ends as a dead letter.
@@ -589,6 +591,9 @@ ARGUMENTS: dict[str, Callable[[Any], Any]] = {
     "limit": lambda value: whole_number(value, "limit", 1, CLAIM_BATCH_LIMIT),
     "wait": optional(wait, 0.0),
     "max_held": optional(lambda value: whole_number(value, "max_held", 0, 2**31 - 1)),
+    "timeout": lambda value: duration(
+        value, "timeout", maximum=MAX_TIMEOUT, allow_zero=True
+    ).total_seconds(),
     "result": result,
     "results": results,
     "error": error,

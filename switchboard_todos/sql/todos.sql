@@ -348,7 +348,7 @@ cancelled_below AS (
       FROM lost
      WHERE todos.id = lost.id AND todos.id IN (SELECT id FROM held_below)
        AND todos.state = 'pending'
-    RETURNING todos.id
+    RETURNING todos.id, todos.awaited
 ),
 {{unblocked(spared)}}
 
@@ -369,6 +369,17 @@ notified AS (
 -- fragment: notified_per_queue(claimable)
 -- The "notified" CTE of a statement that changes many rows: one notification per queue.
 {{notified((SELECT DISTINCT queue FROM $claimable) AS claimable)}}
+
+-- fragment: finished(ended)
+-- The "finished" CTE: tells whoever waits for one of the todos of `ended` (a FROM item of todos
+-- that just became done or failed, with id and awaited) that it ended: NOTIFY
+-- switchboard_todos_done with its id, only for a todo someone marked awaited (wait_for), so that
+-- the others cost nothing but the test. Like "notified", it runs because the final query
+-- references it.
+finished AS (
+    SELECT pg_notify('switchboard_todos_done', id)
+      FROM $ended
+)
 
 -- fragment: errors_with(owner, error)
 -- The failure history (`errors`) with one more entry: the attempt that ended, who held it, when
@@ -797,6 +808,15 @@ claimed AS (
 {{counted}}
 SELECT * FROM claimed;
 
+-- name: await_todo
+-- Mark todo %(todo_id)s awaited while it is pending or claimed, so that the statement ending it
+-- notifies its end (finished); no row when it has ended already, or does not exist. Its row lock
+-- orders it with that statement: marked first, the end sees the mark; ended first, no row.
+UPDATE todos
+   SET awaited = true
+ WHERE id = %(todo_id)s AND state IN ('pending', 'claimed')
+RETURNING id;
+
 -- name: heartbeat
 -- Extend the lease of a todo the owner still holds (lease_end), and keep %(progress)s as its
 -- latest progress note (none given: the last one stays). Guard: claimed, same owner.
@@ -845,8 +865,10 @@ UPDATE todos
 RETURNING *
 ),
 {{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge)}},
-{{notified_per_queue(unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)}}
-SELECT * FROM completed WHERE (SELECT count(*) FROM notified) >= 0;
+{{notified_per_queue(unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)}},
+{{finished(completed WHERE awaited)}}
+SELECT * FROM completed
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
 -- name: complete_many
 -- Mark many todos done, each with its own result, and unblock the todos waiting for them;
@@ -860,11 +882,13 @@ UPDATE todos
   FROM unnest(%(ids)s::text[], %(results)s::jsonb[]) AS batch (id, result)
  WHERE todos.id = batch.id AND todos.state = 'claimed' AND todos.owner = %(owner)s
    AND {{children_seen(todos)}}
-RETURNING todos.id, todos.children
+RETURNING todos.id, todos.children, todos.awaited
 ),
 {{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge)}},
-{{notified_per_queue(unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)}}
-SELECT id, true AS done FROM completed WHERE (SELECT count(*) FROM notified) >= 0
+{{notified_per_queue(unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)}},
+{{finished(completed WHERE awaited)}}
+SELECT id, true AS done FROM completed
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0
 UNION ALL
 SELECT id, false AS done
   FROM todos
@@ -896,8 +920,10 @@ UPDATE todos
 RETURNING *
 ),
 {{settled(failed WHERE state = 'failed')}},
-{{notified((SELECT queue FROM failed WHERE state = 'pending' AND next_retry_at <= now() UNION SELECT queue FROM unblocked WHERE state = 'pending' AND waiting_for <= 0) AS woken WHERE %(notify)s)}}
-SELECT * FROM failed WHERE (SELECT count(*) FROM notified) >= 0;
+{{notified((SELECT queue FROM failed WHERE state = 'pending' AND next_retry_at <= now() UNION SELECT queue FROM unblocked WHERE state = 'pending' AND waiting_for <= 0) AS woken WHERE %(notify)s)}},
+{{finished((SELECT id, awaited FROM failed WHERE state = 'failed' UNION ALL SELECT id, awaited FROM cancelled_below) AS ended WHERE awaited)}}
+SELECT * FROM failed
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
 -- name: release
 -- Give the lease back without using up an attempt; claimable again after %(delay)s (zero: at
@@ -943,15 +969,16 @@ reaped AS (
            updated_at = now()
       FROM lapsed
      WHERE todos.id = lapsed.id
-    RETURNING todos.id, todos.state, todos.queue, todos.children
+    RETURNING todos.id, todos.state, todos.queue, todos.children, todos.awaited
 ),
 {{settled(reaped WHERE state = 'failed')}},
+{{finished((SELECT id, awaited FROM reaped WHERE state = 'failed' UNION ALL SELECT id, awaited FROM cancelled_below) AS ended WHERE awaited)}},
 {{notified_per_queue((SELECT queue, state FROM reaped UNION ALL SELECT queue, state FROM unblocked WHERE waiting_for <= 0) AS woken WHERE state = 'pending' AND %(notify)s)}}
 SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
        count(*) FILTER (WHERE state = 'failed') AS dead_lettered,
        coalesce(array_agg(id), '{}') AS ids
   FROM reaped
- WHERE (SELECT count(*) FROM notified) >= 0;
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
 -- name: requeue
 -- Operator redrive: dead letters in %(ids)s back to pending with a fresh attempt budget, and
@@ -1019,8 +1046,10 @@ UPDATE todos
 RETURNING *
 ),
 {{settled(dead)}},
-{{notified_per_queue(unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)}}
-SELECT * FROM dead WHERE (SELECT count(*) FROM notified) >= 0;
+{{notified_per_queue(unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)}},
+{{finished((SELECT id, awaited FROM dead UNION ALL SELECT id, awaited FROM cancelled_below) AS ended WHERE awaited)}}
+SELECT * FROM dead
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
 -- name: set_priority
 -- Operator reprioritisation: the pending todos in %(ids)s get priority %(priority)s. Guard:
