@@ -159,11 +159,12 @@ def claim(
     *,
     queues: Iterable[str] | None = None,
     todo_id: str | None = None,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
-    """Claim up to `limit` todos from `queues` (all its claim queues by default), or one by id.
+    """Claim up to `limit` todos from `queues` (all its claim queues by default), or one by id,
+    under a lease of `ttl` (None: each queue's visibility timeout, else DEFAULT_TTL).
 
     With `wait` (seconds, at most MAX_WAIT), block until a todo is claimable; the list is empty
     when none became claimable in time. The async twin waits without holding a thread.
@@ -182,7 +183,7 @@ async def aclaim(
     *,
     queues: Iterable[str] | None = None,
     todo_id: str | None = None,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
@@ -200,7 +201,7 @@ async def aclaim(
 async def _claim_across(
     agent: Agent,
     placed: dict[str, list[str]],
-    ttl: Seconds,
+    ttl: Seconds | None,
     seconds: float,
     count: int,
     *,
@@ -232,7 +233,9 @@ async def _claim_across(
             return claimed
 
 
-def _claim_each(agent: Agent, placed: dict[str, list[str]], ttl: Seconds, count: int) -> list[Todo]:
+def _claim_each(
+    agent: Agent, placed: dict[str, list[str]], ttl: Seconds | None, count: int
+) -> list[Todo]:
     """Claim up to `count` from each database's queues in turn, until `count` are claimed."""
     claimed: list[Todo] = []
     for alias, names in placed.items():
@@ -258,7 +261,7 @@ def _claim_one(
     agent: Agent,
     queues: Iterable[str] | None,
     todo_id: str,
-    ttl: Seconds,
+    ttl: Seconds | None,
     wait: Seconds,
     limit: int,
 ) -> Todo:
