@@ -37,6 +37,8 @@ from switchboard_todos.sqs.mount import SQSAnywhere  # noqa: E402
 
 mcp = streamable_http("/mcp")
 site = AgentsAPIFirst(django)
+# SQS at any path as well as /sqs/: Celery's `sqs://host:port` posts to / (docs/celery.md).
+sqs = SQSAnywhere(site)
 
 
 @asynccontextmanager
@@ -46,10 +48,10 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             yield
         finally:
             site.close()  # the connections the agents' API threads keep
+            sqs.close()  # and the SQS endpoint's
 
 
 application = Starlette(
-    # SQS at any path as well as /sqs/: Celery's `sqs://host:port` posts to / (docs/celery.md).
-    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, SQSAnywhere(site)))],
+    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, sqs))],
     lifespan=lifespan,
 )

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 from django.urls import include, path
 
 from switchboard_todos.agents import accounts
 from switchboard_todos.models import Agent
-from switchboard_todos.sqs.mount import POSTED_PATH, SQSAnywhere
+from switchboard_todos.sqs.mount import SQSAnywhere
+from switchboard_todos.sqs.views import MAX_BODY
 from tests.asgi import django_application
 from tests.helpers import sqs_headers, sqs_post
 
@@ -48,60 +49,81 @@ def call(application: Any, path: str, headers: dict[str, str], body: bytes) -> h
     return asyncio.run(send())
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("posted", ["/", "/any/where"])
-def test_anywhere_answers_sqs_at_the_path_posted_to(agent: Agent, posted: str) -> None:
-    """As kombu's `sqs://host:port` posts to `/`; the queue URL is on the same endpoint."""
-    application = SQSAnywhere(django_application)
-    params = {"QueueName": "jobs"}
-    headers = sqs_headers(agent, f"http://testserver{posted}", "GetQueueUrl", params)
-    answer = call(application, posted, headers, json.dumps(params).encode())
-    assert answer.status_code == 200, answer.text
-    assert answer.json() == {"QueueUrl": f"http://testserver{posted.rstrip('/')}/jobs"}
-    # Signed for another path: the signature covers the path the client posted to.
-    answer = call(application, "/elsewhere", headers, json.dumps(params).encode())
-    assert answer.json()["__type"] == "com.amazonaws.sqs#SignatureDoesNotMatch"
-
-
-def test_anywhere_passes_on_every_other_request() -> None:
-    seen: list[dict[str, Any]] = []
-
-    async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        seen.append(scope)
-
-    anywhere = SQSAnywhere(application)
-    sqs = [(b"x-amz-target", b"AmazonSQS.ListQueues")]
-    scopes: list[dict[str, Any]] = [
-        {"type": "http", "method": "POST", "path": "/", "headers": sqs},
-        {"type": "http", "method": "POST", "path": "/app/x", "root_path": "/app", "headers": sqs},
-        {"type": "http", "method": "POST", "path": "/sqs/jobs", "headers": sqs},
-        {"type": "http", "method": "GET", "path": "/", "headers": sqs},
-        {"type": "http", "method": "POST", "path": "/", "headers": [(b"x-amz-target", b"Other")]},
-        {"type": "lifespan"},
-    ]
-    for scope in scopes:
-        asyncio.run(anywhere(scope, None, None))
-    assert [(scope.get("path"), scope.get(POSTED_PATH)) for scope in seen] == [
-        ("/sqs/", "/"),
-        ("/app/sqs/", "/app/x"),
-        ("/sqs/jobs", None),
-        ("/", None),
-        ("/", None),
-        (None, None),
-    ]
-
-
 class WithoutSQS:
+    """A URLconf that does not mount the endpoint: SQSAnywhere serves it all the same."""
+
     urlpatterns: list[Any] = []
 
 
-def test_anywhere_needs_the_endpoint_in_the_urlconf(settings: Any) -> None:
-    settings.ROOT_URLCONF = WithoutSQS
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/",
-        "headers": [(b"x-amz-target", b"AmazonSQS.X")],
-    }
-    with pytest.raises(ImproperlyConfigured, match='include\\("switchboard_todos.sqs.urls"\\)'):
-        asyncio.run(SQSAnywhere(django_application)(scope, None, None))
+@pytest.fixture
+def anywhere() -> Iterator[SQSAnywhere]:
+    """Django's application behind SQSAnywhere; its threads' connections closed after."""
+    anywhere = SQSAnywhere(django_application)
+    yield anywhere
+    anywhere.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("urlconf", ["tests.urls", WithoutSQS])
+@pytest.mark.parametrize("posted", ["/", "/any/where", "/sqs/"])
+def test_anywhere_answers_sqs_at_the_path_posted_to(
+    anywhere: SQSAnywhere, agent: Agent, posted: str, urlconf: Any, settings: Any
+) -> None:
+    """As kombu's `sqs://host:port` posts to `/`; the queue URL is on the same endpoint."""
+    settings.ROOT_URLCONF = urlconf
+    params = {"QueueName": "jobs"}
+    headers = sqs_headers(agent, f"http://testserver{posted}", "GetQueueUrl", params)
+    answer = call(anywhere, posted, headers, json.dumps(params).encode())
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"QueueUrl": f"http://testserver{posted.rstrip('/')}/jobs"}
+    # Signed for another path: the signature covers the path the client posted to.
+    answer = call(anywhere, "/elsewhere", headers, json.dumps(params).encode())
+    assert answer.json()["__type"] == "com.amazonaws.sqs#SignatureDoesNotMatch"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_anywhere_knows_a_queue_url_of_the_urlconf(anywhere: SQSAnywhere, agent: Agent) -> None:
+    headers = sqs_headers(agent, "http://testserver/sqs/jobs", "ListQueues", {})
+    answer = call(anywhere, "/sqs/jobs", headers, b"{}")
+    assert answer.json() == {"QueueUrls": ["http://testserver/sqs/jobs"]}
+
+
+def test_anywhere_passes_every_other_request_on() -> None:
+    """Django answers what is not an SQS POST, and a host ALLOWED_HOSTS refuses."""
+    seen: list[tuple[str, str]] = []
+
+    async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append((scope["method"], scope["path"]))
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    anywhere = SQSAnywhere(application)
+    sqs = {"X-Amz-Target": "AmazonSQS.ListQueues"}
+
+    async def requests() -> list[int]:
+        transport = httpx.ASGITransport(app=anywhere)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            return [
+                (await client.get("/", headers=sqs)).status_code,
+                (await client.post("/", headers={"X-Amz-Target": "Other.X"})).status_code,
+                (await client.post("/", headers={**sqs, "Host": "evil.example"})).status_code,
+            ]
+
+    assert asyncio.run(requests()) == [404, 404, 404]
+    assert seen == [("GET", "/"), ("POST", "/"), ("POST", "/")]
+    anywhere.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("size", "status", "says"),
+    [(MAX_BODY + 100, 400, "exceeds 1048576 bytes"), (3 * MAX_BODY, 400, "Bad Request")],
+)
+def test_anywhere_refuses_a_body_too_large(
+    anywhere: SQSAnywhere, agent: Agent, size: int, status: int, says: str
+) -> None:
+    """Past the endpoint's limit the rest is dropped unread; past Django's, Django refuses."""
+    body = b" " * size
+    headers = sqs_headers(agent, "http://testserver/", "ListQueues", {})
+    answer = call(anywhere, "/", headers, body)
+    assert (answer.status_code, says in answer.text) == (status, True), answer.text

@@ -87,7 +87,7 @@ async def endpoint(request: HttpRequest, queue: str | None = None) -> HttpRespon
             raise SQSError("InvalidParameterValue", f"The request body exceeds {MAX_BODY} bytes.")
         agent = await sync_to_async(signing.verify)(
             method=request.method or "POST",
-            url=mount.posted_url(request),
+            url=request.build_absolute_uri(),
             headers=dict(request.headers),
             body=body,
         )
