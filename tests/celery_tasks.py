@@ -36,6 +36,12 @@ def add(key: int) -> int:
     return key
 
 
+@app.task(rate_limit="5/s")
+def paced(key: int) -> None:
+    """Held by the worker until its rate limit lets it run."""
+    record("paced", key)
+
+
 @app.task(acks_late=True)
 def hold(key: str, seconds: float) -> None:
     """Acknowledged once done: its message stays received (leased) while it runs."""
