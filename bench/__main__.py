@@ -28,6 +28,7 @@ SCENARIOS = (
     "http_agents",
     "sqs_agents",
     "two_databases",
+    "sqs_clients",
 )
 
 

@@ -40,6 +40,7 @@ ROWS = {
         "drain, one database, Workers on both queues",
         "drain, two databases, Workers on both queues",
     ],
+    "sqs_clients": ["Celery tasks over SQS", "dramatiq tasks over SQS"],
 }
 
 
