@@ -930,6 +930,17 @@ def give_back_if_pooled(connection: BaseDatabaseWrapper) -> None:
         connection.close()
 
 
+def finish_with_connections() -> None:
+    """What Django does with this thread's connections after a request, for the threads that
+    answer requests in front of its handler: close those a database error left unusable, and
+    give pooled ones back to the pool. An unpooled one stays open for the thread's next
+    request, as a worker's does."""
+    for connection in connections.all(initialized_only=True):
+        if connection.errors_occurred:
+            connection.close_if_unusable_or_obsolete()
+        give_back_if_pooled(connection)
+
+
 def run_now(coroutine: Coroutine[Any, Any, R]) -> R:
     """The result of a coroutine none of whose awaits suspends, run on this thread."""
     try:

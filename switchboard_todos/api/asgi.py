@@ -54,7 +54,7 @@ from switchboard_todos.api.schemas import (
     Request,
 )
 from switchboard_todos.exceptions import TodoError
-from switchboard_todos.managers import give_back_if_pooled
+from switchboard_todos.managers import finish_with_connections
 from switchboard_todos.models import Agent, Todo
 
 Scope = MutableMapping[str, Any]
@@ -199,7 +199,7 @@ def _perform(
             agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit
         )
     finally:
-        _finish_with_connections()
+        finish_with_connections()
 
 
 async def _wait_and_claim(agent: Agent, arguments: Request | HttpResponse) -> list[Todo]:
@@ -213,17 +213,7 @@ async def _wait_and_claim(agent: Agent, arguments: Request | HttpResponse) -> li
             limit=arguments.limit,
         )
     finally:
-        await sync_to_async(_finish_with_connections)()
-
-
-def _finish_with_connections() -> None:
-    """What Django does with this thread's connections after a request: close those a database
-    error left unusable, and give pooled ones back to the pool. An unpooled one stays open for
-    the thread's next request, as a worker's does."""
-    for connection in connections.all(initialized_only=True):
-        if connection.errors_occurred:
-            connection.close_if_unusable_or_obsolete()
-        give_back_if_pooled(connection)
+        await sync_to_async(finish_with_connections)()
 
 
 def _route(scope: Scope) -> tuple[str, str | None] | None:

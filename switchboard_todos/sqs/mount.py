@@ -12,7 +12,8 @@ agent loop's verbs (api/asgi.py): a Celery or dramatiq worker makes two requests
 task, and Django's handler adds a thread started and stopped per request, the request signals
 and the middleware, several times the endpoint's own work. The SQS requests need none of
 them: a SigV4 signature, no cookie, session or CSRF token; the host is still checked against
-ALLOWED_HOSTS (a refused one goes to Django, which answers and logs it). Each request runs its
+ALLOWED_HOSTS (a refused one goes to Django, which answers and logs it), and the body is read,
+the request made and the response sent by Django's own ASGI code. Each request runs its
 database work on one of `threads` threads, each keeping its connection from one request to the
 next as a worker does (a pooled one goes back to the pool after each request, one a database
 error left unusable is closed).
@@ -32,15 +33,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.core.exceptions import DisallowedHost
-from django.core.handlers.asgi import ASGIRequest
+from django.core.exceptions import DisallowedHost, RequestAborted
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.core.handlers.exception import response_for_exception
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, get_resolver
 from django.utils.encoding import escape_uri_path
 
-from switchboard_todos.managers import give_back_if_pooled
+from switchboard_todos.managers import finish_with_connections
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -51,6 +52,18 @@ NAMESPACE = "switchboard_todos_sqs"
 #: The header every SQS request of the JSON protocol carries, and its value's prefix.
 TARGET = b"x-amz-target"
 PREFIX = b"AmazonSQS."
+
+
+class _Requests(ASGIHandler):
+    """Django's own reading of an ASGI request's body, making of the request and sending of the
+    response (`read_body`, `create_request`, `send_response`), without the middleware its
+    handler loads: SQSAnywhere runs none."""
+
+    def __init__(self) -> None:
+        pass
+
+
+_DJANGO = _Requests()
 
 
 class SQSAnywhere:
@@ -76,16 +89,22 @@ class SQSAnywhere:
         if not (scope["type"] == "http" and scope["method"] == "POST" and _is_sqs(scope)):
             await self.application(scope, receive, send)
             return
-        request = ASGIRequest(scope, io.BytesIO())
         try:
-            request.get_host()
+            ASGIRequest(scope, io.BytesIO()).get_host()
         except DisallowedHost:
             await self.application(scope, receive, send)  # Django answers and logs it
             return
-        body = await _read_body(receive)
-        if body is None:
+        try:
+            body = await _DJANGO.read_body(receive)
+        except RequestAborted:
             return  # the client went away
-        await _send_response(send, await self.answer(ASGIRequest(scope, io.BytesIO(body))))
+        with body:
+            request, refused = _DJANGO.create_request(scope, body)
+            if request is None:  # a body past DATA_UPLOAD_MAX_MEMORY_SIZE, or not UTF-8 headers
+                assert refused is not None
+                await _DJANGO.send_response(refused, send)
+                return
+            await _DJANGO.send_response(await self.answer(request), send)
 
     async def answer(self, request: HttpRequest) -> HttpResponse:
         """The endpoint's response to `request`, its database work on one slot's thread."""
@@ -102,7 +121,7 @@ class SQSAnywhere:
                     response = await sync_to_async(response_for_exception)(request, error)
                 return response
         finally:
-            await asyncio.get_running_loop().run_in_executor(slot, _finish_with_connections)
+            await asyncio.get_running_loop().run_in_executor(slot, finish_with_connections)
 
     def close(self) -> None:
         """Close the connections the threads keep, and stop the threads."""
@@ -122,40 +141,6 @@ def _resolve(path_info: str) -> Any:
     except Resolver404:
         return None
     return match if NAMESPACE in match.namespaces else None
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    """The body, or None if the client disconnected first. What passes the endpoint's limit is
-    read and dropped: the endpoint refuses the body for its length (sqs/views.py)."""
-    from switchboard_todos.sqs.views import MAX_BODY
-
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        if size <= MAX_BODY:
-            chunks.append(chunk[: MAX_BODY + 1 - size])
-        size += len(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _send_response(send: Any, response: HttpResponse) -> None:
-    headers = [(key.encode("ascii"), value.encode("latin1")) for key, value in response.items()]
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": response.content})
-
-
-def _finish_with_connections() -> None:
-    """What Django does with a thread's connections after a request: close those a database
-    error left unusable, and give pooled ones back to the pool."""
-    for connection in connections.all(initialized_only=True):
-        if connection.errors_occurred:
-            connection.close_if_unusable_or_obsolete()
-        give_back_if_pooled(connection)
 
 
 def endpoint_url(request: HttpRequest) -> str:
