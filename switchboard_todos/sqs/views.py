@@ -1,8 +1,8 @@
 """The SQS endpoint: the AWS JSON 1.0 protocol over the agents' service layer.
 
 `POST <base>/sqs/` with `X-Amz-Target: AmazonSQS.<Action>` and a JSON body, signed with SigV4
-(signing.py), or at any path behind `SQSAnywhere`; queue URLs are the endpoint's URL and the
-queue's name (mount.py). Each action authenticates the agent, calls
+(signing.py), or at any path behind `SQSAnywhere` (mount.py); queue URLs are the endpoint's URL
+and the queue's name. Each action authenticates the agent, calls
 agents/service.py (which checks the grants), and answers SQS's JSON; errors come from the one
 error table (agents/errors.py) in SQS's shape, with the `x-amzn-query-error` header botocore
 reads the legacy error codes from. The long poll of ReceiveMessage waits on the LISTEN path
