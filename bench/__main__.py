@@ -29,6 +29,7 @@ SCENARIOS = (
     "sqs_agents",
     "two_databases",
     "hostile_agent",
+    "sqs_clients",
 )
 
 

@@ -46,6 +46,7 @@ ROWS = {
         "hostile agent (long polls, creates, fails): 1 agent claim + complete",
         "hostile agent (long polls, creates, fails): claim p99",
     ],
+    "sqs_clients": ["Celery tasks over SQS", "dramatiq tasks over SQS"],
 }
 
 
