@@ -30,6 +30,7 @@ SCENARIOS = (
     "two_databases",
     "hostile_agent",
     "sqs_clients",
+    "queue_limits",
 )
 
 
