@@ -57,6 +57,7 @@ ROWS = {
 }
 
 
+@pytest.mark.timeout(330)  # every scenario at its smallest size, a third-party client's included
 def test_every_scenario_runs_and_prints_its_ratios(subprocess_env: dict[str, Any]) -> None:
     """`python -m bench --smoke` runs every scenario, ours and raw, and prints each ratio."""
     assert set(ROWS) == set(SCENARIOS)
