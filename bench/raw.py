@@ -16,21 +16,22 @@ import psycopg
 
 from bench.harness import QUEUE, TTL, Child
 
-#: Claim up to %(limit)s pending todos of a queue, oldest first, skipping locked rows.
+#: Claim up to %(limit)s pending todos of a queue, highest priority first, then oldest,
+#: skipping locked rows: in the order of idx_todos_pending, so the scan stops at the first
+#: unlocked rows, and updating by primary key (`= ANY (ARRAY(...))`). (An `UPDATE ... FROM` of
+#: a CTE ordered by `created_at` alone sorted the queue's whole backlog at every claim: a
+#: reference half as fast as a careful hand-written loop, which flattered our ratios.)
 CLAIM = """
-WITH picked AS (
-    SELECT id
-      FROM todos
-     WHERE state = 'pending' AND next_retry_at IS NULL AND queue = %(queue)s
-     ORDER BY created_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
 UPDATE todos
    SET state = 'claimed', owner = %(owner)s, lease_expires_at = now() + %(ttl)s,
        attempt = attempt + 1, claimed_at = now(), updated_at = now()
-  FROM picked
- WHERE todos.id = picked.id
+ WHERE id = ANY (ARRAY(
+           SELECT id
+             FROM todos
+            WHERE state = 'pending' AND next_retry_at IS NULL AND queue = %(queue)s
+            ORDER BY priority DESC, created_at
+            LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED))
 RETURNING todos.*
 """
 

@@ -1,8 +1,9 @@
 """ASGI entry point of the example project: Django, and the MCP endpoint at /mcp.
 
 A small Starlette application routes /mcp to the MCP tools (bearer tokens of the agents) and
-everything else (admin, webhooks, /api/) to Django, with the agent loop's verbs of /api/
-answered in front of Django's handler (AgentsAPIFirst, docs/agents.md). It also runs the MCP
+everything else (admin, webhooks, /api/, /sqs/) to Django, with the agent loop's verbs of /api/
+answered in front of Django's handler (AgentsAPIFirst, docs/agents.md) and SQS requests
+answered at any path (SQSAnywhere, docs/sqs.md). It also runs the MCP
 session manager's lifespan, which Django's ASGI handler refuses to. Serve it with any ASGI
 server:
 
@@ -32,9 +33,12 @@ if settings.DEBUG:  # the admin's CSS and JavaScript, as runserver serves them
 # Imported once Django is set up: they use the models.
 from switchboard_todos.api.asgi import AgentsAPIFirst  # noqa: E402
 from switchboard_todos.mcp.http import streamable_http  # noqa: E402
+from switchboard_todos.sqs.mount import SQSAnywhere  # noqa: E402
 
 mcp = streamable_http("/mcp")
 site = AgentsAPIFirst(django)
+# SQS at any path as well as /sqs/: Celery's `sqs://host:port` posts to / (docs/celery.md).
+sqs = SQSAnywhere(site)
 
 
 @asynccontextmanager
@@ -44,9 +48,10 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             yield
         finally:
             site.close()  # the connections the agents' API threads keep
+            sqs.close()  # and the SQS endpoint's
 
 
 application = Starlette(
-    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, site))],
+    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, sqs))],
     lifespan=lifespan,
 )

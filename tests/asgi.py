@@ -20,8 +20,10 @@ from django.core.asgi import get_asgi_application
 django_application = get_asgi_application()
 
 from switchboard_todos.api.asgi import AgentsAPIFirst  # noqa: E402 (uses the models)
+from switchboard_todos.sqs.mount import SQSAnywhere  # noqa: E402
 
-application = AgentsAPIFirst(django_application)
+#: SQS at any path (kombu's `sqs://host:port` posts to `/`), and the agent loop's verbs.
+application = SQSAnywhere(AgentsAPIFirst(django_application))
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -9,10 +10,12 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 from django.db import connection
+from django.test import Client
 
-from switchboard_todos.models import Todo
+from switchboard_todos.models import Agent, Todo
 
 #: The type of conftest's `make_todo` fixture.
 MakeTodo = Callable[..., Todo]
@@ -112,3 +115,37 @@ class OutputLines:
     def join_reader(self, timeout: float) -> None:
         """Wait for the last lines of a child that ended."""
         self._reader.join(timeout)
+
+
+# The SQS endpoint, in process
+
+
+def sqs_headers(agent: Agent, url: str, action: str, params: dict[str, Any]) -> dict[str, str]:
+    """The headers boto3 sends with an action posted to `url`, signed with the agent's secret."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from switchboard_todos.sqs.signing import secret_for
+    from switchboard_todos.sqs.views import CONTENT_TYPE
+
+    request = AWSRequest(
+        method="POST",
+        url=url,
+        data=json.dumps(params).encode(),
+        headers={"Content-Type": CONTENT_TYPE, "X-Amz-Target": f"AmazonSQS.{action}"},
+    )
+    SigV4Auth(Credentials(agent.name, secret_for(agent)), "sqs", "us-east-1").add_auth(request)
+    return {"Host": urlsplit(url).netloc, **dict(request.headers.items())}
+
+
+def sqs_post(client: Client, agent: Agent, path: str, action: str, params: dict[str, Any]) -> Any:
+    """An action posted to `path` through Django's test client, as boto3 posts it; its answer
+    (asserted a success)."""
+    from switchboard_todos.sqs.views import CONTENT_TYPE
+
+    headers = sqs_headers(agent, f"http://testserver{path}", action, params)
+    del headers["Content-Type"]  # the test client's content_type sends it
+    response = client.post(path, json.dumps(params), content_type=CONTENT_TYPE, headers=headers)
+    assert response.status_code == 200, response.content
+    return json.loads(response.content)

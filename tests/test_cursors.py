@@ -138,3 +138,16 @@ def test_other_unsupported_features_are_errors(db: None, monkeypatch: pytest.Mon
     with pytest.raises(NotSupportedError), cursors.cursor(connection) as cursor:
         cursor.execute("SELECT count(*) FROM todos FOR UPDATE")
     assert cursors._generation == 0
+
+
+def test_a_long_statement_is_converted_once(make_todo: Any) -> None:
+    """The claim (over psycopg's 4,096-byte cache of converted statements) is converted from
+    its named placeholders once, not at every call."""
+    assert len(queries["claim_next"]) > 4096
+    make_todo()
+    Todo.objects.claim_next("default", "w1", 30)
+    converted = cursors._converted.cache_info()
+    for _ in range(3):
+        Todo.objects.claim_next("default", "w1", 30)
+    again = cursors._converted.cache_info()
+    assert (again.misses, again.hits) == (converted.misses, converted.hits + 3)

@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 from django.db import connection, connections
 
 from example_project.mcp_agent import connect
+from switchboard_todos import waiting
 from switchboard_todos.agents import accounts
 from switchboard_todos.models import Agent, Todo
 from switchboard_todos.sqs.signing import secret_for
@@ -37,8 +38,9 @@ WAIT = 8
 #: Long polls of the flooding agent on each surface.
 PER_SURFACE = 20
 #: What "a handful" of connections is: the LISTEN connection, the claim threads, and the
-#: threads of AgentsAPIFirst, each holding at most one.
-HANDFUL = 10
+#: threads of AgentsAPIFirst and of SQSAnywhere (4 each, the example's), each holding at most
+#: one: a number set by the server, not by the polls.
+HANDFUL = 1 + waiting.CLAIM_THREADS + 4 + 4
 
 
 @pytest.fixture

@@ -294,7 +294,7 @@ def test_claim_next_is_an_index_scan_per_queue(
     # The only sorts merge the few candidates the per-queue scans returned (none reads todos),
     # and order the free slots of a queue with a concurrency limit (reading its claimed todos).
     for sort in (
-        node for node in nodes(plan, leaving_out="CTE slot") if node["Node Type"] == "Sort"
+        node for node in nodes(plan, leaving_out="CTE free_slot") if node["Node Type"] == "Sort"
     ):
         assert not [node for node in inputs(sort) if node.get("Relation Name") == "todos"], sort
 

@@ -190,7 +190,8 @@ def claim(
     wait: Seconds = 0,
     limit: int = 1,
 ) -> list[Todo]:
-    """Claim up to `limit` todos from `queues` (all its claim queues by default), or one by id.
+    """Claim up to `limit` todos from `queues` (all its claim queues by default), or one by id,
+    under a lease of `ttl` (None: each queue's visibility timeout, else DEFAULT_TTL).
 
     With `wait` (seconds, at most MAX_WAIT), block until a todo is claimable; the list is empty
     when none became claimable in time. The async twin waits without holding a thread. An

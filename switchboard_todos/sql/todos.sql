@@ -130,27 +130,33 @@ room AS MATERIALIZED (
        FOR NO KEY UPDATE
 )
 
--- fragment: slot
--- The "slot" CTE of a claim: for each todo picked from a queue with a concurrency limit, a
--- free slot (1 to the limit) that no claimed todo of the queue holds, its in_queue-th. Two
+-- fragment: slot(limit)
+-- The "free_slot" and "slot" CTEs of a claim: for each todo picked from a queue with a
+-- concurrency limit, a free slot (1 to the limit) that no claimed todo of the queue holds. The
+-- free slots are found once per queue, lowest first, probing the index for each number only
+-- until the claim has as many as it may take (at most `limit`); the picks take them in turn
+-- (in_queue). Two
 -- claims that picked the same free slot (each blind to the other's uncommitted claim) are
 -- settled by idx_todos_slot: one claimed todo per slot; the claim that loses runs again
 -- (managers.py), as for concurrency keys.
-slot AS MATERIALIZED (
-    SELECT picked.id, free.slot
-      FROM picked
-      JOIN room ON room.queue = picked.queue AND room.concurrency_limit IS NOT NULL
+free_slot AS MATERIALIZED (
+    SELECT room.queue, free.slot, row_number() OVER (PARTITION BY room.queue) AS nth
+      FROM room
      CROSS JOIN LATERAL (
             SELECT number AS slot
               FROM generate_series(1, room.concurrency_limit) AS number
              WHERE NOT EXISTS (
                     SELECT FROM todos AS holder
-                     WHERE holder.queue = picked.queue AND holder.state = 'claimed'
+                     WHERE holder.queue = room.queue AND holder.state = 'claimed'
                        AND holder.slot = number)
-             ORDER BY number
-            OFFSET picked.in_queue - 1
-             LIMIT 1
+             LIMIT least(room.room, $limit)
            ) AS free
+     WHERE room.concurrency_limit IS NOT NULL
+),
+slot AS MATERIALIZED (
+    SELECT picked.id, free_slot.slot
+      FROM picked
+      JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
 )
 
 -- fragment: counted
@@ -740,7 +746,7 @@ lapsed AS MATERIALIZED (
     LIMIT (SELECT %(limit)s::int)
 ),
 {{picked}},
-{{slot}},
+{{slot((SELECT %(limit)s::int))}},
 claimed AS (
     UPDATE todos
        {{set_claimed}}
@@ -771,7 +777,7 @@ lapsed AS MATERIALIZED (
 ),
 {{room(ARRAY(SELECT queue FROM ready UNION SELECT queue FROM due UNION SELECT queue FROM lapsed))}},
 {{picked}},
-{{slot}},
+{{slot((SELECT %(limit)s::int))}},
 claimed AS (
     UPDATE todos
        {{set_claimed}}
@@ -794,7 +800,7 @@ picked AS (
      WHERE id = %(todo_id)s
        AND coalesce((SELECT room.room FROM room WHERE room.queue = todos.queue), 1) > 0
 ),
-{{slot}},
+{{slot(1)}},
 claimed AS (
     UPDATE todos
        {{set_claimed}}

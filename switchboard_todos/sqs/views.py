@@ -1,7 +1,8 @@
 """The SQS endpoint: the AWS JSON 1.0 protocol over the agents' service layer.
 
 `POST <base>/sqs/` with `X-Amz-Target: AmazonSQS.<Action>` and a JSON body, signed with SigV4
-(signing.py); queue URLs are `<base>/sqs/<queue>`. Each action authenticates the agent, calls
+(signing.py), or at any path behind `SQSAnywhere` (mount.py); queue URLs are the endpoint's URL
+and the queue's name. Each action authenticates the agent, calls
 agents/service.py (which checks the grants), and answers SQS's JSON; errors come from the one
 error table (agents/errors.py) in SQS's shape, with the `x-amzn-query-error` header botocore
 reads the legacy error codes from. The long poll of ReceiveMessage waits on the LISTEN path
@@ -27,19 +28,17 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from switchboard_todos import faults, placement, stats, validation
+from switchboard_todos import faults, placement, validation
 from switchboard_todos.agents import errors, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
 from switchboard_todos.models import Agent, Todo
-from switchboard_todos.sqs import messages, signing
+from switchboard_todos.sqs import attributes, messages, mount, signing, titles
 
 logger = logging.getLogger("switchboard_todos.sqs")
 
 CONTENT_TYPE = "application/x-amz-json-1.0"
 #: Most bytes a request body may have (SQS: a 256 KiB message, and a batch of ten).
 MAX_BODY = 1024 * 1024
-#: The visibility timeout of a receive that gives none, as SQS's default.
-DEFAULT_VISIBILITY = 30
 #: Most entries in a batch, as SQS.
 MAX_BATCH = 10
 #: The legacy (query protocol) code of each error, as SQS sends it in x-amzn-query-error.
@@ -49,6 +48,14 @@ LEGACY_CODES = {
     "TooManyEntriesInBatchRequest": "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
     "EmptyBatchRequest": "AWS.SimpleQueueService.EmptyBatchRequest",
     "BatchEntryIdsNotDistinct": "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+}
+#: Why an action a client may count on is not here: the client's user reads it in its error.
+WHY_UNSUPPORTED = {
+    "CreateQueue": (
+        ": a queue exists when an operator grants it to agents, so a client that makes queues "
+        "as it goes (Celery's remote control, `celery inspect` and `celery control`, makes "
+        "reply queues) does not work here"
+    ),
 }
 #: HTTP status of the errors that are not the caller's input.
 STATUS = {
@@ -111,7 +118,8 @@ def _action(request: HttpRequest) -> Action:
     if action is None:
         raise SQSError(
             "UnsupportedOperation",
-            f"{name} is not supported here; supported: {', '.join(sorted(ACTIONS))}.",
+            f"{name} is not supported here{WHY_UNSUPPORTED.get(name, '')}; "
+            f"supported: {', '.join(sorted(ACTIONS))}.",
         )
     return action
 
@@ -154,8 +162,7 @@ def _error(code: str, message: str) -> HttpResponse:
 
 
 def queue_url(request: HttpRequest, queue: str) -> str:
-    base = request.build_absolute_uri(request.path).split("/sqs/", 1)[0]
-    return f"{base}/sqs/{queue}"
+    return f"{mount.endpoint_url(request)}{queue}"
 
 
 def _queue(params: dict[str, Any], *, name_field: str = "QueueUrl") -> str:
@@ -203,24 +210,10 @@ async def get_queue_attributes(
     queue = _queue(params)
     _check_granted(agent, queue, _granted(agent))
     wanted = _names(params, "AttributeNames") or {"All"}
-    # The queue health the admin and the metrics read, by the database's clock; nothing of the
-    # finished todos (recent=0), which SQS does not count.
-    found = await sync_to_async(stats.queue_health)(
-        [queue], recent=timedelta(0), using=placement.database_for(queue)
-    )
-    health = found[0] if found else None
-    attributes = {
-        "ApproximateNumberOfMessages": str(health.ready if health else 0),
-        "ApproximateNumberOfMessagesNotVisible": str(
-            health.claimed + health.lease_expired if health else 0
-        ),
-        "ApproximateNumberOfMessagesDelayed": str(health.scheduled if health else 0),
-        "VisibilityTimeout": str(DEFAULT_VISIBILITY),
-        "RedrivePolicy": json.dumps({"maxReceiveCount": 5, "deadLetterTargetArn": "failed"}),
-    }
+    found = await sync_to_async(attributes.of)(queue)
     if "All" not in wanted:
-        attributes = {name: value for name, value in attributes.items() if name in wanted}
-    return {"Attributes": attributes}
+        found = {name: value for name, value in found.items() if name in wanted}
+    return {"Attributes": found}
 
 
 # Sending
@@ -250,6 +243,7 @@ def _send(agent: Agent, queue: str, entry: dict[str, Any]) -> dict[str, Any]:
         agent,
         queue=queue,
         kind=messages.KIND,
+        title=titles.title_of(body),
         payload={"body": body, "attributes": attributes},
         idempotency_key=entry.get("MessageDeduplicationId"),
         run_after=timezone.now() + timedelta(seconds=delay) if delay else None,
@@ -293,12 +287,19 @@ async def receive_message(
 ) -> dict[str, Any]:
     queue = _queue(params)
     limit = _number(params, "MaxNumberOfMessages", 1, 1, MAX_BATCH)
-    visibility = _number(params, "VisibilityTimeout", DEFAULT_VISIBILITY, 0, 43200)
+    # Without one, the queue's visibility timeout (its Queue row, else DEFAULT_TTL).
+    visibility = (
+        _number(params, "VisibilityTimeout", 0, 0, 43200) if "VisibilityTimeout" in params else None
+    )
     wait = _number(params, "WaitTimeSeconds", 0, 0, service.MAX_WAIT)
     wanted = _names(params, "MessageSystemAttributeNames") | _names(params, "AttributeNames")
     attribute_names = _names(params, "MessageAttributeNames")
     todos = await service.aclaim(
-        agent, queues=[queue], ttl=max(visibility, 1), wait=wait, limit=limit
+        agent,
+        queues=[queue],
+        ttl=None if visibility is None else max(visibility, 1),
+        wait=wait,
+        limit=limit,
     )
     return await _messages(agent, todos, wanted, attribute_names)
 

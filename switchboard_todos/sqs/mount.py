@@ -1,0 +1,154 @@
+"""Where the SQS endpoint is served: at the path the URLconf mounts it, and with `SQSAnywhere`
+at every path a client posts SQS to, answered in front of Django's handler.
+
+A client's endpoint is whatever URL it was given, and not every client lets it carry a path:
+kombu (Celery's SQS transport) builds its endpoint from the broker URL's host and port only,
+so `sqs://host:port` posts to `/`. SQS requests are recognisable by their header alone
+(`X-Amz-Target: AmazonSQS.<Action>`, AWS JSON 1.0), so `SQSAnywhere` answers every POST
+carrying it with the endpoint's view, whatever its path.
+
+It answers them itself rather than through Django's handler, as `AgentsAPIFirst` answers the
+agent loop's verbs (api/asgi.py): a Celery or dramatiq worker makes two requests or more per
+task, and Django's handler adds a thread started and stopped per request, the request signals
+and the middleware, several times the endpoint's own work. The SQS requests need none of
+them: a SigV4 signature, no cookie, session or CSRF token; the host is still checked against
+ALLOWED_HOSTS (a refused one goes to Django, which answers and logs it), and the body is read,
+the request made and the response sent by Django's own ASGI code. Each request runs its
+database work on one of `threads` threads, each keeping its connection from one request to the
+next as a worker does (a pooled one goes back to the pool after each request, one a database
+error left unusable is closed).
+
+A queue's URL is the endpoint's URL as the client reached it, followed by the queue's name:
+`<endpoint>/jobs`. JSON clients post every action to their endpoint with the queue URL in the
+body, and read only the URL's last segment as the queue's name (kombu, dramatiq-sqs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.core.exceptions import DisallowedHost, RequestAborted
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
+from django.core.handlers.exception import response_for_exception
+from django.db import connections
+from django.http import HttpRequest, HttpResponse
+from django.urls import Resolver404, get_resolver
+from django.utils.encoding import escape_uri_path
+
+from switchboard_todos.waiting import finish_with_connections
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[..., Awaitable[None]]
+
+#: The namespace of the endpoint's routes (sqs/urls.py).
+NAMESPACE = "switchboard_todos_sqs"
+#: The header every SQS request of the JSON protocol carries, and its value's prefix.
+TARGET = b"x-amz-target"
+PREFIX = b"AmazonSQS."
+
+
+class _Requests(ASGIHandler):
+    """Django's own reading of an ASGI request's body, making of the request and sending of the
+    response (`read_body`, `create_request`, `send_response`), without the middleware its
+    handler loads: SQSAnywhere runs none."""
+
+    def __init__(self) -> None:
+        pass
+
+
+_DJANGO = _Requests()
+
+
+class SQSAnywhere:
+    """ASGI: every POST with `X-Amz-Target: AmazonSQS.*` answered by the SQS endpoint, at any
+    path; every other request passed on unchanged.
+
+    `application = SQSAnywhere(get_asgi_application())`: then `sqs://host:port` (kombu),
+    `endpoint_url="http://host:port"` and `endpoint_url="http://host:port/sqs/"` all work.
+    Call `close()` at the end of the server's lifespan.
+    """
+
+    def __init__(self, application: ASGIApp, *, threads: int = 4) -> None:
+        self.application = application
+        # One thread per slot, so that the database work of one request stays on one thread
+        # (Django's connections are per thread) and a slot's connection can be tidied after.
+        self._slots = [
+            ThreadPoolExecutor(1, thread_name_prefix="switchboard-todos-sqs")
+            for _ in range(threads)
+        ]
+        self._turns = itertools.cycle(self._slots)
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if not (scope["type"] == "http" and scope["method"] == "POST" and _is_sqs(scope)):
+            await self.application(scope, receive, send)
+            return
+        try:
+            ASGIRequest(scope, io.BytesIO()).get_host()
+        except DisallowedHost:
+            await self.application(scope, receive, send)  # Django answers and logs it
+            return
+        try:
+            body = await _DJANGO.read_body(receive)
+        except RequestAborted:
+            return  # the client went away
+        with body:
+            request, refused = _DJANGO.create_request(scope, body)
+            if request is None:  # a body past DATA_UPLOAD_MAX_MEMORY_SIZE, or not UTF-8 headers
+                assert refused is not None
+                await _DJANGO.send_response(refused, send)
+                return
+            await _DJANGO.send_response(await self.answer(request), send)
+
+    async def answer(self, request: HttpRequest) -> HttpResponse:
+        """The endpoint's response to `request`, its database work on one slot's thread."""
+        from switchboard_todos.sqs.views import endpoint
+
+        request.resolver_match = _resolve(request.path_info)
+        queue = request.resolver_match.kwargs.get("queue") if request.resolver_match else None
+        slot = next(self._turns)
+        try:
+            async with ThreadSensitiveContext(executor=slot):
+                try:
+                    response: HttpResponse = await endpoint(request, queue)
+                except Exception as error:  # what Django's handler answers: 400, or 500 logged
+                    response = await sync_to_async(response_for_exception)(request, error)
+                return response
+        finally:
+            await asyncio.get_running_loop().run_in_executor(slot, finish_with_connections)
+
+    def close(self) -> None:
+        """Close the connections the threads keep, and stop the threads."""
+        for slot in self._slots:
+            slot.submit(connections.close_all).result()
+            slot.shutdown()
+
+
+def _is_sqs(scope: Scope) -> bool:
+    return any(key == TARGET and value.startswith(PREFIX) for key, value in scope["headers"])
+
+
+def _resolve(path_info: str) -> Any:
+    """The URLconf's match of the endpoint or a queue URL, or None for any other path."""
+    try:
+        match = get_resolver().resolve(path_info)
+    except Resolver404:
+        return None
+    return match if NAMESPACE in match.namespaces else None
+
+
+def endpoint_url(request: HttpRequest) -> str:
+    """The endpoint's URL as the client reached it, ending in a slash: the path it posted to,
+    less the queue's name when that was a queue URL of the URLconf (`<endpoint><queue>`)."""
+    path = request.path
+    match = request.resolver_match
+    queue = match.kwargs.get("queue") if match is not None else None
+    if isinstance(queue, str):
+        path = path.removesuffix(queue)
+    return request.build_absolute_uri(escape_uri_path(path.rstrip("/") + "/"))
