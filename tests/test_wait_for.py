@@ -18,6 +18,7 @@ from switchboard_todos.exceptions import InvalidTodo, TodoNotFound
 from switchboard_todos.models import State, Todo
 from tests.helpers import MakeTodo
 
+
 @pytest.fixture(autouse=True)
 def no_connections_left() -> Iterator[None]:
     """The listener and the claim threads close their connections after each test, before the
