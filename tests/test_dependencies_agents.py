@@ -5,13 +5,11 @@ results. An agent waits only for todos it may see; a plan that can never run is 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.test import Client
 
-from switchboard_todos import waiting
 from switchboard_todos.agents import accounts, errors, service
 from switchboard_todos.agents.serialize import todo_json, todos_json
 from switchboard_todos.exceptions import (
@@ -28,12 +26,6 @@ from tests.helpers import MakeTodo
 pytestmark = pytest.mark.django_db
 
 API = "/api"
-
-
-@pytest.fixture(autouse=True)
-def _stop_listeners() -> Iterator[None]:
-    yield
-    waiting.stop()
 
 
 @pytest.fixture

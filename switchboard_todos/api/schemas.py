@@ -249,6 +249,13 @@ class ReleaseIn(Request):
     )
 
 
+def _after(description: str) -> Any:
+    """The todos a todo waits for: 1 to MAX_PARENTS of them, or none (null)."""
+    return Field(
+        default=None, min_length=1, max_length=validation.MAX_PARENTS, description=description
+    )
+
+
 #: A todo needs a kind or a title (validation.creation): JSON Schema says it with anyOf.
 _KIND_OR_TITLE: list[Any] = [
     {"required": ["kind"], "properties": {"kind": {"minLength": 1}}},
@@ -300,12 +307,9 @@ class CreateIn(Request):
         default=None,
         description="While a todo with this key is claimed, no other todo with it is.",
     )
-    after: list[TodoId] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=validation.MAX_PARENTS,
-        description="Ids of todos you may see that this one waits for: it is claimable once "
-        "each is done, and reads their results in `parent_results`. Not with run_after.",
+    after: list[TodoId] | None = _after(
+        "Ids of todos you may see that this one waits for: it is claimable once each is done, "
+        "and reads their results in `parent_results`. Not with run_after."
     )
     on_parent_failure: Literal["cancel", "run_anyway"] = Field(
         default="cancel",
@@ -321,12 +325,9 @@ class PlanTodoIn(CreateIn):
         default=None,
         description="The name the plan's other todos give in their `after` to wait for this one.",
     )
-    after: list[RefOrId] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=validation.MAX_PARENTS,
-        description="What this todo waits for: refs of todos of this plan, or ids of existing "
-        "todos you may see. Not with run_after.",
+    after: list[RefOrId] | None = _after(
+        "What this todo waits for: refs of todos of this plan, or ids of existing todos you may "
+        "see. Not with run_after."
     )
 
 
