@@ -3,8 +3,10 @@
 A member of the batch may name itself with `ref`, and an entry of its `after` is the `ref` of
 another member, or else the id of an existing todo. Planning a batch gives each member its id,
 its parents as ids, how many of them are members (new, so not done yet), and its children
-among the members; it refuses a cycle, a ref used twice or an `after` naming a member's ref
-that is not there, before anything is written. docs/dependencies.md shows it from an agent.
+among the members; it refuses a ref used twice, a todo waiting for itself and a cycle
+(InvalidPlan) before anything is written. An entry of `after` that is no member's ref is taken
+as an id, which the create refuses if no todo has it. docs/dependencies.md shows it from an
+agent.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from switchboard_todos import validation
-from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.exceptions import InvalidPlan, InvalidTodo
 
-#: Longest `ref`, the name a member of a batch goes by in the others' `after`.
-REF_MAX_LENGTH = 200
+#: Longest `ref`, the name a member of a batch goes by in the others' `after`: an entry of
+#: `after` is a ref or a todo id, checked as an id is (validation.parents).
+REF_MAX_LENGTH = validation.TODO_ID_MAX_LENGTH
 
 
 @dataclass(frozen=True)
@@ -54,14 +57,15 @@ def split_refs(
         except InvalidTodo as error:
             raise InvalidTodo(f"todo #{number}: {error}") from error
         if ref in refs:
-            raise InvalidTodo(f"todo #{number}: ref {ref!r} names two todos of the batch.")
+            raise InvalidPlan(f"todo #{number}: ref {ref!r} names two todos of the batch.")
         refs.append(ref)
         stripped.append({name: value for name, value in spec.items() if name != "ref"})
     return stripped, refs
 
 
 def plan(batch: list[dict[str, Any]], refs: list[str | None], ids: list[str]) -> Graph:
-    """The graph of a validated batch whose members get `ids`; InvalidTodo for a cycle."""
+    """The graph of a validated batch whose members get `ids`; InvalidPlan for a todo waiting
+    for itself or a cycle."""
     position = {ref: number for number, ref in enumerate(refs) if ref is not None}
     parents: list[list[str]] = []
     members: list[list[int]] = []
@@ -76,7 +80,7 @@ def plan(batch: list[dict[str, Any]], refs: list[str | None], ids: list[str]) ->
     for number, inside in enumerate(members):
         for parent in inside:
             if parent == number:
-                raise InvalidTodo(f"todo #{number} waits for itself.")
+                raise InvalidPlan(f"todo #{number} waits for itself.")
             children[parent].append(ids[number])
     _refuse_cycles(members, refs)
     return Graph(
@@ -104,4 +108,4 @@ def _refuse_cycles(members: list[list[int]], refs: list[str | None]) -> None:
     stuck = [number for number, count in enumerate(waiting) if count > 0]
     if stuck:
         names = ", ".join(refs[number] or f"#{number}" for number in stuck[:5])
-        raise InvalidTodo(f"The batch's todos wait for each other in a cycle: {names}.")
+        raise InvalidPlan(f"The batch's todos wait for each other in a cycle: {names}.")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
@@ -97,6 +98,11 @@ class Event(models.Model):
         return f"{self.source}:{self.kind} {self.id}"
 
 
+#: The `next_retry_at` of a todo waiting for others (the "blocked" fragment of sql/todos.sql):
+#: past every due time, at the end of idx_todos_scheduled, yet a date Python can read.
+BLOCKED_UNTIL = datetime(9999, 1, 1, tzinfo=UTC)
+
+
 class ParentFailure(models.TextChoices):
     """What a todo that waits for others becomes when one of them ends as a dead letter."""
 
@@ -156,7 +162,7 @@ class Todo(models.Model):
     # Someone waits for this todo to finish (wait_for): its end sends a notification.
     awaited = models.BooleanField(db_default=False)
     # Dependencies (docs/dependencies.md): the todos this one waits for, how many of them are not
-    # done yet (while any is not, it is pending and not claimable: next_retry_at is 'infinity'),
+    # done yet (while any is not, it is pending and not claimable: next_retry_at is BLOCKED_UNTIL),
     # what becomes of it when one ends as a dead letter, and the todos that wait for it (so that
     # the statement completing it unblocks them without a look-up).
     parents = ArrayField(models.TextField(), null=True, blank=True, editable=False)
@@ -309,14 +315,28 @@ class Todo(models.Model):
     def parent_results(self) -> dict[str, Any]:
         """The results of the todos it waited for, by id in `after` order: what a todo that
         merges the work of others reads. One query; None for a parent not done (or purged)."""
-        if not self.parents:
-            return {}
-        found = dict(
-            Todo.objects.using(self._state.db)
-            .filter(pk__in=self.parents, state=State.DONE)
+        return parent_results_of([self]).get(self.id, {})
+
+
+def parent_results_of(todos: Iterable[Todo]) -> dict[str, dict[str, Any]]:
+    """`parent_results()` of each of `todos` that has parents, by its id: one query per
+    database they were read from, none when no todo has parents."""
+    waiting = [todo for todo in todos if todo.parents]
+    wanted: dict[str | None, set[str]] = {}
+    for todo in waiting:
+        wanted.setdefault(todo._state.db, set()).update(todo.parents or ())
+    found = {
+        alias: dict(
+            Todo.objects.using(alias)
+            .filter(pk__in=ids, state=State.DONE)
             .values_list("pk", "result")
         )
-        return {parent: found.get(parent) for parent in self.parents}
+        for alias, ids in wanted.items()
+    }
+    return {
+        todo.id: {parent: found[todo._state.db].get(parent) for parent in todo.parents or ()}
+        for todo in waiting
+    }
 
 
 #: An agent's name is the `owner` of every todo it claims: a one-word name, as a queue's.

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
-from switchboard_todos.exceptions import InvalidTodo, TodoConflict
+from switchboard_todos.exceptions import InvalidPlan, InvalidTodo, TodoConflict
 from switchboard_todos.models import State, Todo
 from tests.conftest import run_in_threads
 from tests.helpers import MakeTodo, db_now
@@ -159,23 +159,37 @@ def test_a_graph_is_created_in_one_call_and_runs_in_order() -> None:
 
 
 @pytest.mark.parametrize(
-    ("specs", "message"),
+    ("specs", "error", "message"),
     [
         (
             [{"kind": "a", "ref": "a", "after": ["b"]}, {"kind": "b", "ref": "b", "after": ["a"]}],
+            InvalidPlan,
             "in a cycle: a, b",
         ),
-        ([{"kind": "a", "ref": "a", "after": ["a"]}], "waits for itself"),
-        ([{"kind": "a", "ref": "x"}, {"kind": "b", "ref": "x"}], "names two todos"),
-        ([{"kind": "a", "ref": ""}], "ref"),
+        ([{"kind": "a", "ref": "a", "after": ["a"]}], InvalidPlan, "waits for itself"),
+        ([{"kind": "a", "ref": "x"}, {"kind": "b", "ref": "x"}], InvalidPlan, "names two todos"),
+        ([{"kind": "a", "ref": ""}], InvalidTodo, "ref"),
+        ([{"kind": "a", "ref": "r" * 101}], InvalidTodo, "ref is 101 characters"),
     ],
 )
 def test_a_bad_graph_is_refused_before_anything_is_written(
-    specs: list[dict[str, Any]], message: str
+    specs: list[dict[str, Any]], error: type[InvalidTodo], message: str
 ) -> None:
-    with pytest.raises(InvalidTodo, match=message):
+    """A plan that can never run is InvalidPlan (an InvalidTodo): its todos conflict, each
+    well formed. A ref is as long as an id at most: it stands for one in `after`."""
+    with pytest.raises(error, match=message) as refused:
         Todo.objects.create_many(specs)
+    assert isinstance(refused.value, InvalidPlan) == (error is InvalidPlan)
     assert not Todo.objects.exists()
+
+
+def test_the_longest_ref_may_be_waited_for() -> None:
+    """A ref stands for an id in `after`, so it may be as long as an id, and no longer."""
+    name = "r" * 100
+    [(first, _), (second, _)] = Todo.objects.create_many(
+        [{"kind": "a", "ref": name}, {"kind": "b", "after": [name]}]
+    )
+    assert second.parents == [first.id]
 
 
 def test_a_graph_is_created_whole_or_not_at_all(make_todo: MakeTodo) -> None:

@@ -22,7 +22,7 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from switchboard_todos.agents import errors, service
-from switchboard_todos.agents.serialize import todo_json
+from switchboard_todos.agents.serialize import atodos_json, todo_json, todos_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
     JSON_SCHEMAS,
@@ -34,6 +34,8 @@ from switchboard_todos.api.schemas import (
     Cursor,
     FailIn,
     HeartbeatIn,
+    PlanIn,
+    Planned,
     Problem,
     QueueName,
     ReleaseIn,
@@ -113,6 +115,10 @@ LINKS = {
     "claim": {200: "$response.body#/todos/0/id"},
     "claim_todo": {200: "$response.body#/id"},
     "create_for": {201: "$response.body#/id", 200: "$response.body#/id"},
+    "create_many": {
+        201: "$response.body#/todos/0/todo/id",
+        200: "$response.body#/todos/0/todo/id",
+    },
 }
 HOLDER_VERBS = ["get_todo", "claim_todo", "heartbeat", "complete", "fail", "release"]
 #: What every route may answer besides its success.
@@ -156,8 +162,7 @@ def list_todos(
     page = service.list_todos(
         agent_of(request), queues=queue, state=state, limit=limit, cursor=cursor
     )
-    todos = [todo_json(todo) for todo in page.todos]
-    return json_response({"todos": todos, "next_cursor": page.next_cursor})
+    return json_response({"todos": todos_json(page.todos), "next_cursor": page.next_cursor})
 
 
 @api.post("/todos/", response={201: TodoOut, 200: TodoOut, **PROBLEMS})
@@ -170,6 +175,22 @@ def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
     response = todo_response(todo, 201)
     response["Location"] = f"{request.path}{todo.id}/"
     return response
+
+
+# Before `todos/{todo_id}/`, which would take its path: a todo whose id is "batch" is read
+# through the list, not here (GET on this path is a 405).
+@api.post("/todos/batch/", response={201: Planned, 200: Planned, **PROBLEMS})
+def create_many(request: HttpRequest, body: PlanIn) -> HttpResponse:
+    """Create a plan in one call: todos that may wait for each other (`ref`, `after`), whole
+    or not at all; 201 when it created any, 200 when their idempotency keys found every one
+    live. 409 (invalid-plan): they wait for each other in a way that can never run."""
+    made = service.create_many_for(
+        agent_of(request), todos=[todo.model_dump(exclude_none=True) for todo in body.todos]
+    )
+    shaped = todos_json([todo for todo, _created in made])
+    created = [created for _todo, created in made]
+    answer = [{"todo": t, "created": c} for t, c in zip(shaped, created, strict=True)]
+    return json_response({"todos": answer}, 201 if any(created) else 200)
 
 
 @api.get("/todos/{todo_id}/", response=ONE, url_name="todo")
@@ -185,7 +206,7 @@ async def claim(request: HttpRequest, body: ClaimIn | None = None) -> HttpRespon
     todos = await service.aclaim(
         agent_of(request), queues=body.queues, ttl=body.ttl, wait=body.wait, limit=body.limit
     )
-    return json_response({"todos": [todo_json(todo) for todo in todos]})
+    return json_response({"todos": await atodos_json(todos)})
 
 
 @api.post("/todos/{todo_id}/claim/", response=ONE)
