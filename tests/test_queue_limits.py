@@ -218,3 +218,20 @@ def test_a_pause_stops_a_worker_within_one_claim_and_resume_at_restarts_it(
     )
     assert first_after.claimed_at is not None, worker.output
     assert first_after.claimed_at >= resume_at, worker.output
+
+
+def test_a_claim_that_began_in_a_window_since_closed_takes_nothing(make_todo: MakeTodo) -> None:
+    """A claim whose now() falls in a window before the row's (it waited for the row while a
+    later claim opened the next window) must not count from zero in its own: it takes nothing,
+    and leaves the row's window as it was."""
+    Queue.objects.create(
+        name="paced",
+        rate_limit=3,
+        rate_period=timedelta(hours=1),
+        rate_window=db_now() + timedelta(hours=2),  # a later window has begun
+        rate_count=1,
+    )
+    make_todo(queue="paced")
+    assert Todo.objects.claim_batch("paced", "w1", 30, limit=10) == []
+    row = Queue.objects.get(name="paced")
+    assert row.rate_count == 1 and row.rate_window is not None and row.rate_window > db_now()

@@ -103,12 +103,18 @@ to_timestamp(floor(extract(epoch FROM now()) / extract(epoch FROM $settings.rate
 -- How many more todos of `settings`' queue (a todo_queues row) may be claimed now: none while
 -- it is paused (until its resume_at), else what its rate limit leaves of the current window
 -- and its concurrency limit leaves of its slots (claimed todos holding one); NULL: no limit.
+-- The current window is this statement's (its now()): a claim that began in a window that a
+-- later claim has since closed (it waited for the row meanwhile) takes nothing, as that
+-- window's count is gone.
 CASE WHEN $settings.paused AND ($settings.resume_at IS NULL OR $settings.resume_at > now())
      THEN 0
      WHEN $settings.rate_limit IS NULL AND $settings.concurrency_limit IS NULL THEN NULL
      ELSE greatest(0, least(
          $settings.rate_limit - CASE WHEN $settings.rate_window = {{rate_window($settings)}}
-                                     THEN $settings.rate_count ELSE 0 END,
+                                     THEN $settings.rate_count
+                                     WHEN $settings.rate_window > {{rate_window($settings)}}
+                                     THEN $settings.rate_limit
+                                     ELSE 0 END,
          $settings.concurrency_limit - (
              SELECT count(*) FROM todos AS holder
               WHERE holder.queue = $settings.name AND holder.state = 'claimed'
@@ -172,6 +178,7 @@ counted AS (
              WHERE queue IN (SELECT queue FROM room)
              GROUP BY queue) AS claims
      WHERE settings.name = claims.queue AND settings.rate_limit IS NOT NULL
+       AND (settings.rate_window IS NULL OR settings.rate_window <= {{rate_window(settings)}})
 )
 
 -- fragment: waited(parent)
