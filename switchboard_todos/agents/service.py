@@ -33,7 +33,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections, router, transaction
 from django.db.models import Q
 
-from switchboard_todos import cursors, graphs, placement, validation, waiting
+from switchboard_todos import cursors, endings, graphs, placement, validation, waiting
 from switchboard_todos.agents import errors, tokens, waits
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import (
@@ -170,14 +170,41 @@ def list_todos(
     return Page(page[:size], _encode_cursor(last))
 
 
-def get_todo(agent: Agent, todo_id: str) -> Todo:
-    """One todo the agent may see."""
-    checked = _todo_id(todo_id)
+def get_todo(agent: Agent, todo_id: str, *, wait: Seconds = 0) -> Todo:
+    """One todo the agent may see; with `wait` (seconds, at most MAX_WAIT), once it is done or
+    failed, or as it is when `wait` has passed (Todo.objects.wait_for: woken the moment it
+    ends). A wait counts among the agent's long polls (waits.py)."""
+    checked, seconds = _todo_id(todo_id), _wait(wait)
+    found = _seen_todo(agent, checked)
+    if not seconds or found.state in endings.ENDED:
+        return found
+    with waits.admitted(agent, seconds):
+        return Todo.objects.db_manager(found._state.db).wait_for(checked, seconds)
+
+
+async def aget_todo(agent: Agent, todo_id: str, *, wait: Seconds = 0) -> Todo:
+    """Async twin of `get_todo`: the wait is suspended, holding no thread or connection."""
+    checked, seconds = _todo_id(todo_id), _wait(wait)
+    found = await sync_to_async(_seen_todo)(agent, checked)
+    if not seconds or found.state in endings.ENDED:
+        return found
+    async with waits.awaiting(agent, seconds):
+        return await Todo.objects.db_manager(found._state.db).await_for(checked, seconds)
+
+
+def _seen_todo(agent: Agent, todo_id: str) -> Todo:
+    """The todo of `todo_id` if the agent may see it, in whichever of its databases."""
     for alias in _databases(agent):
-        found = list(Todo.objects.using(alias).filter(_visible_to(agent), pk=checked)[:1])
+        found = list(Todo.objects.using(alias).filter(_visible_to(agent), pk=todo_id)[:1])
         if found:
             return found[0]
-    raise TodoNotFound(checked)
+    raise TodoNotFound(todo_id)
+
+
+def _wait(wait: Seconds) -> float:
+    return validation.duration(
+        wait, "wait", maximum=timedelta(seconds=MAX_WAIT), allow_zero=True
+    ).total_seconds()
 
 
 # Claiming
@@ -321,9 +348,7 @@ def _claim_arguments(
     agent: Agent, queues: Iterable[str] | None, wait: Seconds, limit: int
 ) -> tuple[list[str], float, int]:
     names = _claim_queues(agent, queues)
-    seconds = validation.duration(
-        wait, "wait", maximum=timedelta(seconds=MAX_WAIT), allow_zero=True
-    ).total_seconds()
+    seconds = _wait(wait)
     return names, seconds, validation.whole_number(limit, "limit", 1, MAX_CLAIM_LIMIT)
 
 
@@ -793,7 +818,6 @@ def _twin(function: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
 
 aauthenticate = _twin(authenticate)
 alist_todos = _twin(list_todos)
-aget_todo = _twin(get_todo)
 aheartbeat = _twin(heartbeat)
 acomplete = _twin(complete)
 afail = _twin(fail)

@@ -1,10 +1,11 @@
 """The routes: each authenticates, calls one function of agents/service.py, answers JSON.
 
-`claim` is an async view: under ASGI a long poll waits on the LISTEN path without holding a
-thread. The other verbs are one statement each, plain views that Django runs on the request's
-thread under ASGI: an async view would cost them one more hop between threads. Under WSGI
-everything runs too, `claim` in an event loop of its request's thread, which a long poll then
-occupies for its wait (docs/agents.md).
+`claim` and `get_todo` are async views: under ASGI a long poll (a claim's wait for a todo, a
+read's wait for one to end) waits on the LISTEN path without holding a thread. The other verbs
+are one statement each, plain views that Django runs on the request's thread under ASGI: an
+async view would cost them one more hop between threads. Under WSGI everything runs too, the
+async views in an event loop of their request's thread, which a long poll then occupies for
+its wait (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -194,9 +195,17 @@ def create_many(request: HttpRequest, body: PlanIn) -> HttpResponse:
 
 
 @api.get("/todos/{todo_id}/", response=ONE, url_name="todo")
-def get_todo(request: HttpRequest, todo_id: TodoId) -> HttpResponse:
-    """One todo you may see: of your claim queues, or held by you."""
-    return todo_response(service.get_todo(agent_of(request), todo_id))
+async def get_todo(
+    request: HttpRequest,
+    todo_id: TodoId,
+    wait: Annotated[float, Field(ge=0, le=service.MAX_WAIT)] = 0,
+) -> HttpResponse:
+    """One todo you may see: of your claim queues, or held by you. With `wait` (seconds, at
+    most 20), long-poll until it is done or failed, as a claim's wait: the answer is the todo
+    as it ended, or as it is when `wait` has passed."""
+    todo = await service.aget_todo(agent_of(request), todo_id, wait=wait)
+    [shaped] = await atodos_json([todo])
+    return json_response(shaped)
 
 
 @api.post("/claim/", response={200: Claimed, **PROBLEMS})
