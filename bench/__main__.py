@@ -32,6 +32,7 @@ SCENARIOS = (
     "hostile_agent",
     "sqs_clients",
     "queue_limits",
+    "blocked",
 )
 
 

@@ -7,8 +7,10 @@ Run by hand, against a development database (never a test one):
     python bench/admin_changelist.py                      # measure only
 
 The fill is one INSERT ... SELECT generate_series with a realistic mix: mostly done, a few
-percent pending (a quarter of them waiting for a retry), some claimed (a tenth of those with a
-lapsed lease) and dead letters, over eight queues of uneven size and thirty days.
+percent pending (a quarter of them waiting for a retry, a quarter blocked waiting for other
+todos), some claimed (a tenth of those with a lapsed lease) and dead letters, over eight queues
+of uneven size and thirty days. Then a plan: 40 parts and a merge waiting for them, whose page
+draws the graph.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
+from switchboard_todos.models import Todo  # noqa: E402
+
 FILL = """
 INSERT INTO todos (id, queue, kind, title, payload, idempotency_key, assignee, state, owner,
-                   lease_expires_at, attempt, max_attempts, next_retry_at, result, errors,
-                   created_at, updated_at, claimed_at, completed_at)
+                   lease_expires_at, attempt, max_attempts, next_retry_at, waiting_for, result,
+                   errors, created_at, updated_at, claimed_at, completed_at)
 SELECT 'td_' || gen_random_uuid(),
        queue,
        queue || '.' || (ARRAY['send', 'sync', 'index', 'notify'])[1 + n %% 4],
@@ -54,7 +58,9 @@ SELECT 'td_' || gen_random_uuid(),
                               ELSE interval '5 minutes' END END,
        CASE WHEN state = 'failed' THEN 5 WHEN state = 'pending' THEN n %% 2 ELSE 1 END,
        5,
-       CASE WHEN state = 'pending' AND n %% 4 = 0 THEN now() + interval '10 minutes' END,
+       CASE WHEN state = 'pending' AND n %% 4 = 0 THEN now() + interval '10 minutes'
+            WHEN state = 'pending' AND n %% 4 = 1 THEN '9999-01-01 00:00:00+00' END,
+       CASE WHEN state = 'pending' AND n %% 4 = 1 THEN 1 ELSE 0 END,
        CASE WHEN state = 'done' THEN '{"ok": true}'::jsonb
             WHEN state = 'failed' THEN '{"type": "TimeoutError", "message": "upstream"}'::jsonb
        END,
@@ -88,6 +94,10 @@ def populate(total: int) -> None:
         started = time.perf_counter()
         cursor.execute(FILL, {"total": total})
         print(f"inserted {total:,} todos in {time.perf_counter() - started:.1f} s")
+        Todo.objects.create_many(
+            [{"queue": "reports", "kind": "part", "ref": f"part-{n}"} for n in range(40)]
+            + [{"queue": "reports", "kind": "merge", "after": [f"part-{n}" for n in range(40)]}]
+        )
         cursor.execute("VACUUM ANALYZE todos")
 
 
@@ -213,6 +223,8 @@ def main() -> None:
         dead_id, dead_key = cursor.fetchone()
         cursor.execute("SELECT kind FROM todos ORDER BY created_at DESC LIMIT 1")
         (kind,) = cursor.fetchone()
+        cursor.execute("SELECT id FROM todos WHERE kind = 'merge' AND parents IS NOT NULL LIMIT 1")
+        (merge_id,) = cursor.fetchone()
         cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'todos'::regclass")
         rows = cursor.fetchone()[0]
     base = "/admin/switchboard_todos/todo/"
@@ -221,6 +233,8 @@ def main() -> None:
         ("state = failed", f"{base}?state__exact=failed"),
         ("dead-lettered", f"{base}?attention=dead"),
         ("lease expired", f"{base}?attention=lease_expired"),
+        ("waiting for retry", f"{base}?attention=waiting"),
+        ("blocked", f"{base}?attention=blocked"),
         ("queue = billing", f"{base}?queue=billing"),
         (f"kind = {kind}", f"{base}?kind={kind}"),
         ("kind = (none has it)", f"{base}?kind=no.such.kind"),
@@ -230,6 +244,7 @@ def main() -> None:
         ("search titles (no match)", f"{base}?q=nothing+matches"),
         ("one day (hierarchy)", _one_day(base)),
         ("todo detail", f"{base}{quote(dead_id)}/change/"),
+        ("todo detail, 40 parents", f"{base}{quote(merge_id)}/change/"),
         ("queue health", f"{base}health/"),
     ]
     print(f"todos: about {rows:,} (pg_class.reltuples); median of {args.repeat} requests")

@@ -128,10 +128,12 @@ class TodoBackend(BaseTaskBackend):
         task_enqueued.send(type(self), task_result=result)
         return result
 
-    def get_result(self, result_id: str) -> AnyResult:
+    def get_result(self, result_id: str, *, wait: float | None = None) -> AnyResult:
         """The task's result as stored now; TaskResultDoesNotExist for ids it did not enqueue.
 
-        With queues in several databases, each database its queues live in is asked in turn.
+        With `wait` (seconds), the result once the task has finished (or as it is after `wait`):
+        `Todo.objects.wait_for`, woken the moment it ends. With queues in several databases,
+        each database its queues live in is asked in turn.
         """
         found = Todo.objects.filter(pk=result_id, source=TASKS_SOURCE, payload__backend=self.alias)
         aliases = (
@@ -140,6 +142,8 @@ class TodoBackend(BaseTaskBackend):
         todo = next((todo for alias in aliases for todo in found.using(alias)[:1]), None)
         if todo is None:
             raise TaskResultDoesNotExist(result_id)
+        if wait is not None:
+            todo = Todo.objects.db_manager(todo._state.db).wait_for(todo.id, wait)
         try:
             return task_result(todo, restore_task(todo))
         except InvalidTask as error:

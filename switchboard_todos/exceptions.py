@@ -40,6 +40,15 @@ class InvalidTodo(TodoError, ValueError):
     """An argument is malformed; raised before anything is written."""
 
 
+class InvalidPlan(InvalidTodo):
+    """The todos of a batch wait for each other in a way that can never run: a ref named
+    twice, a todo waiting for itself, a cycle. Raised before anything is written.
+
+    Each todo may be well formed on its own: the parts of the batch conflict, which is why the
+    remote surfaces answer it apart from other bad input (409, agents/errors.py).
+    """
+
+
 class UnknownKind(TodoError, LookupError):
     """The worker has no handler for a todo's kind; the todo fails with this error."""
 

@@ -4,10 +4,11 @@ The statements of `sql/todos.sql` that make todos claimable right now send
 `NOTIFY switchboard_todos, '<queue>'`, delivered when their transaction commits. A `Listener`
 holds one dedicated connection that LISTENs on that channel and tells each subscriber which
 queue has new work: a worker's `Doorbell`, or the `Waiters` of the long polls (waiting.py),
-which hand the wake-up to one of them. Waiters also poll: a todo whose retry time arrives or
-whose lease lapses sends no notification, nor does anything committed while the listener was
-reconnecting. Without LISTEN (PgBouncer in transaction mode cannot deliver notifications)
-everything still works, at polling latency.
+which hand the wake-up to one of them. It also LISTENs for the end of the todos someone waits
+for (`wait_for`, endings.py) and tells their `Ending`s. Waiters also poll: a todo whose retry
+time arrives or whose lease lapses sends no notification, nor does anything committed while
+the listener was reconnecting. Without LISTEN (PgBouncer in transaction mode cannot deliver
+notifications) everything still works, at polling latency.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 #: The NOTIFY channel of `sql/todos.sql`; the payload is the queue name.
 CHANNEL = "switchboard_todos"
+#: The channel of the todos someone waits for (wait_for, endings.py); the payload is the id.
+ENDED_CHANNEL = "switchboard_todos_done"
 #: Polling without LISTEN starts this fast after work was seen, then doubles up to the cap.
 POLL_MIN = 0.05
 #: The cap of a blocking claim's polling: how late it sees a retry come due or a lease lapse.
@@ -48,6 +51,13 @@ class Subscriber(Protocol):
 
     def ring_all(self) -> None:
         """The connection came back: notifications may have been lost meanwhile."""
+
+
+class Ending(Protocol):
+    """What a `Listener` tells of a todo someone waits for."""
+
+    def end(self) -> None:
+        """The todo ended; or the connection came back and the notification may be lost."""
 
 
 class Doorbell:
@@ -136,6 +146,7 @@ class Listener:
         self._linger = linger
         self._lock = threading.Lock()
         self._subscribers: set[Subscriber] = set()
+        self._endings: dict[str, set[Ending]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._listening = threading.Event()
@@ -153,13 +164,32 @@ class Listener:
         """
         with self._lock:
             self._subscribers.add(subscriber)
-            if self._thread is None:
-                self._stopping.clear()
-                self._thread = threading.Thread(
-                    target=self._run, name=f"switchboard-todos-listener-{self.alias}", daemon=True
-                )
-                self._thread.start()
+            self._start()
         return self.listening_within(timeout)
+
+    def watch(self, todo_id: str, ending: Ending, *, timeout: float = CONNECT_TIMEOUT) -> bool:
+        """Tell `ending` when todo `todo_id` ends; True once listening (see `subscribe`)."""
+        with self._lock:
+            self._endings.setdefault(todo_id, set()).add(ending)
+            self._start()
+        return self.listening_within(timeout)
+
+    def unwatch(self, todo_id: str, ending: Ending) -> None:
+        """Stop telling `ending`."""
+        with self._lock:
+            watching = self._endings.get(todo_id, set())
+            watching.discard(ending)
+            if not watching:
+                self._endings.pop(todo_id, None)
+
+    def _start(self) -> None:
+        """Start the thread, unless it runs (under the lock)."""
+        if self._thread is None:
+            self._stopping.clear()
+            self._thread = threading.Thread(
+                target=self._run, name=f"switchboard-todos-listener-{self.alias}", daemon=True
+            )
+            self._thread.start()
 
     def listening_within(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for the connection to listen; whether it does."""
@@ -185,7 +215,7 @@ class Listener:
         try:
             while True:
                 with self._lock:
-                    if self._subscribers:
+                    if self._subscribers or self._endings:
                         idle_since = None
                     elif idle_since is None:
                         idle_since = time.monotonic()
@@ -201,7 +231,7 @@ class Listener:
                         wrapper = self._connect(reconnect=failures > 0)
                         failures = 0
                     for notify in wrapper.connection.notifies(timeout=_TICK):
-                        self._dispatch(notify.payload)
+                        self._dispatch(notify.channel, notify.payload)
                 except (DatabaseError, psycopg.Error) as error:
                     self._listening.clear()
                     failures += 1
@@ -225,24 +255,34 @@ class Listener:
             wrapper.ensure_connection()
             # LISTEN takes effect at commit: run it outside any transaction.
             wrapper.set_autocommit(True)
-            wrapper.connection.execute(f"LISTEN {CHANNEL}")
+            wrapper.connection.execute(f"LISTEN {CHANNEL}; LISTEN {ENDED_CHANNEL}")
         except BaseException:
             _close(wrapper)
             raise
         with self._lock:
             self._listening.set()
             subscribers = list(self._subscribers)
+            endings = [ending for watching in self._endings.values() for ending in watching]
         if reconnect:
             logger.info("LISTEN connection restored")
             for subscriber in subscribers:
                 subscriber.ring_all()
+            for ending in endings:
+                ending.end()
         return wrapper
 
-    def _dispatch(self, queue: str) -> None:
+    def _dispatch(self, channel: str, payload: str) -> None:
         with self._lock:
-            subscribers = list(self._subscribers)
+            if channel == ENDED_CHANNEL:
+                endings = list(self._endings.get(payload, ()))
+                subscribers = []
+            else:
+                endings = []
+                subscribers = list(self._subscribers)
+        for ending in endings:
+            ending.end()
         for subscriber in subscribers:
-            subscriber.notify(queue)
+            subscriber.notify(payload)
 
 
 def _close(wrapper: BaseDatabaseWrapper | None) -> None:

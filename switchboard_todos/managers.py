@@ -9,6 +9,7 @@ operation's row in `transitions.py`).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -20,14 +21,23 @@ from django.db import DatabaseError, IntegrityError, connections, models, router
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 
-from switchboard_todos import cursors, faults, placement, signals, validation, waiting
+from switchboard_todos import (
+    cursors,
+    endings,
+    faults,
+    graphs,
+    placement,
+    signals,
+    validation,
+    waiting,
+)
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.marks import marks
 from switchboard_todos.querysets import TodoQuerySet
 from switchboard_todos.sql import queries
-from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS, State
 from switchboard_todos.validation import Seconds
 
 if TYPE_CHECKING:
@@ -50,6 +60,10 @@ class _Layout(NamedTuple):
     pick: Callable[[Sequence[Any]], tuple[Any, ...]]
     json: list[tuple[int, models.JSONField[Any]]]
     extra: int | None
+
+
+class _GraphNotCreated(Exception):
+    """Rolls a batch of todos that wait for each other back when it was not created whole."""
 
 
 class ReapResult(NamedTuple):
@@ -117,11 +131,16 @@ class TodoManager(_TodoManagerBase["Todo"]):
         concurrency_key: str | None = None,
         event: Event | str | None = None,
         run_after: datetime | None = None,
+        after: Iterable[str] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> tuple[Todo, bool]:
         """Enqueue a todo; with an idempotency key held by a live todo, return that one instead.
 
         Returns (todo, created). Concurrent calls with one key make exactly one row. Without
-        `max_attempts`, the todo gets its queue's default (Queue), else DEFAULT_MAX_ATTEMPTS.
+        `max_attempts`, the todo gets its queue's default (Queue), else DEFAULT_MAX_ATTEMPTS. With
+        `after` (todo ids), the todo waits: it is claimable once each of them is done, and when
+        one ends as a dead letter it is cancelled too, or (`on_parent_failure="run_anyway"`)
+        no longer waits for that one (docs/dependencies.md).
         """
         spec = {
             "queue": queue,
@@ -136,6 +155,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
             "concurrency_key": concurrency_key,
             "event": event,
             "run_after": run_after,
+            "after": after,
+            "on_parent_failure": on_parent_failure,
         }
         params = validation.creation(spec)
         placed = self._placed([params["queue"]])
@@ -147,8 +168,22 @@ class TodoManager(_TodoManagerBase["Todo"]):
         Returns (todo, created) per input, in input order. A key repeated within the batch,
         or held by a live todo, yields that todo with created=False. Todos of queues placed in
         several databases take one statement per database.
+
+        A todo may name itself with `ref`, and wait (`after`) for other todos of the batch by
+        their ref, as for existing todos by id: then the batch is created whole or not at all,
+        in one database, and a cycle is refused (graphs.py, docs/dependencies.md).
         """
-        groups = self._by_database(validation.creations(todos))
+        specs, refs = graphs.split_refs(todos)
+        batch = validation.creations(specs)
+        if any(params["parents"] is not None for params in batch) or any(refs):
+            grouped = self._by_database(batch)
+            if len(grouped) > 1:
+                raise InvalidTodo(
+                    "Todos that wait for each other live in one database; these queues are "
+                    "placed in several."
+                )
+            return grouped[0][0]._create_graph(batch, refs)
+        groups = self._by_database(batch)
         if len(groups) == 1:
             placed, rows = groups[0]
             return placed._create_many(list(rows.values()))
@@ -164,18 +199,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
         ids = [new_todo_id() for _ in batch]
         columns = {
-            "ids": ids,
-            "queues": [p["queue"] for p in batch],
-            "sources": [p["source"] for p in batch],
-            "kinds": [p["kind"] for p in batch],
-            "titles": [p["title"] for p in batch],
-            "payloads": [p["payload"] for p in batch],
-            "event_ids": [p["event_id"] for p in batch],
-            "idempotency_keys": [p["idempotency_key"] for p in batch],
-            "assignees": [p["assignee"] for p in batch],
-            "max_attempts": [p["max_attempts"] for p in batch],
-            "priorities": [p["priority"] for p in batch],
-            "concurrency_keys": [p["concurrency_key"] for p in batch],
+            **self._batch_columns(batch, ids),
             "run_afters": [p["run_after"] for p in batch],
             "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
             "notify": conf.LISTEN,
@@ -197,6 +221,63 @@ class TodoManager(_TodoManagerBase["Todo"]):
             results.append((live[key], False))
         return results
 
+    def _create_graph(
+        self, batch: list[dict[str, Any]], refs: list[str | None]
+    ) -> list[tuple[Todo, bool]]:
+        """Run `create_graph`: the batch whole or not at all (see create_many)."""
+        from switchboard_todos.models import new_todo_id
+
+        graph = graphs.plan(batch, refs, [new_todo_id() for _ in batch])
+        columns = {
+            **self._batch_columns(batch, graph.ids),
+            "parents": [json.dumps(parents) for parents in graph.parents],
+            "members_waited": graph.members_waited,
+            "children": [json.dumps(children) for children in graph.children],
+            "policies": [params["on_parent_failure"] for params in batch],
+            "existing": graph.existing,
+            "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
+        }
+        created: list[tuple[Todo, Any]] = []
+        try:
+            with transaction.atomic(using=self._db_alias):
+                created = self._run("create_graph", columns, extra="created")
+                if len(created) != len(batch) or not all(made for _, made in created):
+                    raise _GraphNotCreated
+        except _GraphNotCreated:
+            pass
+        else:
+            by_id = {todo.id: todo for todo, _ in created}
+            return [(by_id[todo_id], True) for todo_id in graph.ids]
+        twins = {(todo.queue, todo.idempotency_key): todo for todo, made in created if not made}
+        if not created:
+            self._check_parents(graph.existing)
+        if len(twins) == len(batch):
+            return [(twins[params["queue"], params["idempotency_key"]], False) for params in batch]
+        taken = sorted(str(key) for _queue, key in twins)
+        raise TodoConflict(
+            f"Live todos hold the idempotency keys {', '.join(taken) or 'of some todos'} of this "
+            "batch: todos that wait for each other are created all together or not at all.",
+            todo_id="",
+        )
+
+    def _batch_columns(self, batch: list[dict[str, Any]], ids: list[str]) -> dict[str, Any]:
+        """The columns of create_many and create_graph, one array each."""
+        return {
+            "ids": ids,
+            "queues": [p["queue"] for p in batch],
+            "sources": [p["source"] for p in batch],
+            "kinds": [p["kind"] for p in batch],
+            "titles": [p["title"] for p in batch],
+            "payloads": [p["payload"] for p in batch],
+            "event_ids": [p["event_id"] for p in batch],
+            "idempotency_keys": [p["idempotency_key"] for p in batch],
+            "assignees": [p["assignee"] for p in batch],
+            "max_attempts": [p["max_attempts"] for p in batch],
+            "priorities": [p["priority"] for p in batch],
+            "concurrency_keys": [p["concurrency_key"] for p in batch],
+            "notify": conf.LISTEN,
+        }
+
     def enqueue_many(self, todos: Iterable[Mapping[str, Any]]) -> int:
         """Enqueue many todos without idempotency keys through COPY; return how many.
 
@@ -213,6 +294,11 @@ class TodoManager(_TodoManagerBase["Todo"]):
                 raise InvalidTodo(
                     f"todo #{number}: enqueue_many cannot deduplicate; enqueue todos with an "
                     "idempotency key through create_many or create_todo."
+                )
+            if params["parents"] is not None:
+                raise InvalidTodo(
+                    f"todo #{number}: enqueue_many cannot make a todo wait for others; create "
+                    "todos with `after` through create_many or create_todo."
                 )
         return sum(
             placed._enqueue_many(list(rows.values())) for placed, rows in self._by_database(batch)
@@ -357,21 +443,44 @@ class TodoManager(_TodoManagerBase["Todo"]):
         )
 
     def _create(self, params: Mapping[str, Any]) -> tuple[Todo, bool]:
-        """Run `create_todo` with validated parameters."""
+        """Run `create_todo` (or `create_child`, for a todo that waits for others) with
+        validated parameters."""
+        from switchboard_todos.models import new_todo_id
+
         # The live twin may commit after this statement's snapshot was taken: then ON CONFLICT
         # waits for it and skips the insert, yet the fallback SELECT cannot see it. Running the
         # statement again sees it (or inserts, if the twin has finished meanwhile).
-        params = {**params, "default_max_attempts": DEFAULT_MAX_ATTEMPTS, "notify": conf.LISTEN}
+        name = "create_todo" if params["parents"] is None else "create_child"
+        params = {
+            **params,
+            "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
+            "notify": conf.LISTEN,
+            "id": new_todo_id(),
+        }
         for _ in range(3):
-            rows = self._run("create_todo", params, extra="created")
+            rows = self._run(name, params, extra="created")
             if rows:
                 todo, created = rows[0]
                 return todo, bool(created)
+            if params["parents"] is not None:
+                self._check_parents(params["parents"])
         raise TodoConflict(  # pragma: no cover - needs three commits racing one statement
             f"Could not create or find the todo with idempotency key "
             f"{params['idempotency_key']!r} in queue {params['queue']!r}: it kept changing.",
             todo_id="",
         )
+
+    def _check_parents(self, ids: list[str]) -> None:
+        """Raise InvalidTodo naming a todo of `ids` that is missing or a dead letter: a todo
+        cannot wait for either."""
+        states = dict(self.filter(pk__in=ids).values_list("pk", "state"))
+        for todo_id in ids:
+            if todo_id not in states:
+                raise InvalidTodo(f"after: todo {todo_id!r} does not exist.")
+            if states[todo_id] == State.FAILED:
+                raise InvalidTodo(
+                    f"after: todo {todo_id!r} is a dead letter; requeue it before waiting for it."
+                )
 
     # Claiming
 
@@ -605,6 +714,17 @@ class TodoManager(_TodoManagerBase["Todo"]):
             "heartbeat", todo_id, owner
         )
 
+    def wait_for(self, todo_id: str, timeout: Seconds) -> Todo:
+        """Block until a todo is done or failed, or `timeout` (seconds, up to a day) passes;
+        return it as it is then. Woken by NOTIFY the moment it ends (endings.py)."""
+        checked = validation.arguments(todo_id=todo_id, timeout=timeout)
+        return endings.wait(self, checked["todo_id"], checked["timeout"])
+
+    async def await_for(self, todo_id: str, timeout: Seconds) -> Todo:
+        """Async twin of `wait_for`: suspended while it waits, holding no thread or connection."""
+        checked = validation.arguments(todo_id=todo_id, timeout=timeout)
+        return await endings.await_(self, checked["todo_id"], checked["timeout"])
+
     def heartbeat_many(
         self,
         owner: str,
@@ -643,11 +763,13 @@ class TodoManager(_TodoManagerBase["Todo"]):
         )
 
     def complete(self, todo_id: str, owner: str, result: Any = None) -> Todo:
-        """Mark a todo `owner` holds done, storing `result` (any JSON value)."""
-        params = validation.arguments(todo_id=todo_id, owner=owner, result=result)
-        return self._transition("complete", params) or self._classify_miss(
-            "complete", todo_id, owner
-        )
+        """Mark a todo `owner` holds done, storing `result` (any JSON value); the todos waiting
+        for it that wait for nothing else become claimable in the same statement."""
+        params = {
+            **validation.arguments(todo_id=todo_id, owner=owner, result=result),
+            "notify": conf.LISTEN,
+        }
+        return self._holders_transition("complete", params)
 
     def complete_many(self, owner: str, results: Mapping[str, Any]) -> list[str]:
         """Mark many todos done, `results` mapping each id to its result, in one statement.
@@ -656,12 +778,25 @@ class TodoManager(_TodoManagerBase["Todo"]):
         """
         checked = validation.arguments(owner=owner, results=results)
         ids, values = checked["results"]
-        if not ids:
-            return []
-        params = {"owner": checked["owner"], "ids": ids, "results": values}
-        with self._cursor() as cursor:
-            cursor.execute(queries["complete_many"], params)
-            done = [todo_id for (todo_id,) in cursor.fetchall()]
+        done: list[str] = []
+        for _ in range(KEY_RACE_TRIES):
+            if not ids:
+                break
+            params = {
+                "owner": checked["owner"],
+                "ids": ids,
+                "results": values,
+                "notify": conf.LISTEN,
+            }
+            with self._cursor() as cursor:
+                cursor.execute(queries["complete_many"], params)
+                rows = cursor.fetchall()
+            done += [todo_id for todo_id, completed in rows if completed]
+            # Left alone while still held: a child of it appeared while the statement waited
+            # for its row (children_seen in sql/todos.sql); completed again, it sees the child.
+            again = {todo_id for todo_id, completed in rows if not completed}
+            values = [value for todo_id, value in zip(ids, values, strict=True) if todo_id in again]
+            ids = [todo_id for todo_id in ids if todo_id in again]
         self._signal("complete_many", lambda: self._reread(done))
         return done
 
@@ -681,7 +816,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
             ),
             "notify": conf.LISTEN,
         }
-        return self._transition("fail", params) or self._classify_miss("fail", todo_id, owner)
+        return self._holders_transition("fail", params)
 
     def release(self, todo_id: str, owner: str, delay: Seconds | None = None) -> Todo:
         """Give a lease back: pending again (after `delay`), the attempt not counted."""
@@ -752,14 +887,18 @@ class TodoManager(_TodoManagerBase["Todo"]):
         and error. Its holder, if any, is told at its next heartbeat (TodoCancelled), and its
         complete and fail are refused."""
         checked = validation.arguments(todo_id=todo_id, reason=reason)
-        params = _history({"ids": [checked["todo_id"]], "reason": checked["reason"]})
+        params = _history(
+            {"ids": [checked["todo_id"]], "reason": checked["reason"], "notify": conf.LISTEN}
+        )
         return self._transition("cancel", params) or self._classify_miss("cancel", todo_id, None)
 
     def cancel_many(self, todo_ids: Iterable[str], reason: str) -> BatchResult:
         """Cancel many pending or claimed todos in one statement."""
         checked = validation.arguments(todo_ids=todo_ids, reason=reason)
         ids = checked["todo_ids"]
-        changed = self._rows("cancel", _history({"ids": ids, "reason": checked["reason"]}))
+        changed = self._rows(
+            "cancel", _history({"ids": ids, "reason": checked["reason"], "notify": conf.LISTEN})
+        )
         return self._batch_result("cancel", ids, changed)
 
     def set_priority(self, todo_id: str, priority: int) -> Todo:
@@ -889,9 +1028,32 @@ class TodoManager(_TodoManagerBase["Todo"]):
         refused = {todo_id: refusal(seen.get(todo_id)) for todo_id in missed}
         return BatchResult(changed=changed, refused=refused)
 
+    def _holders_transition(self, name: str, params: Mapping[str, Any]) -> Todo:
+        """Run a transition of the lease's holder (`params["owner"]`) that finishes a todo.
+
+        When its guard missed while the todo is still held, a child of the todo appeared while
+        the statement waited for its row (children_seen in sql/todos.sql): it runs again, and
+        sees the child.
+        """
+        todo_id, owner = params["todo_id"], params["owner"]
+        for _ in range(KEY_RACE_TRIES):
+            done = self._transition(name, params)
+            if done is not None:
+                return done
+            seen = self._seen([todo_id]).get(todo_id)
+            if seen is None or seen["state"] != State.CLAIMED or seen["owner"] != owner:
+                return self._explain_miss(name, todo_id, owner, seen)
+        return self._classify_miss(name, todo_id, owner)
+
     def _classify_miss(self, operation: str, todo_id: str, owner: str | None) -> Todo:
         """Raise TodoNotFound or a TodoConflict (TodoCancelled) that says what stood in the way."""
-        seen = self._seen([todo_id]).get(todo_id)
+        return self._explain_miss(operation, todo_id, owner, self._seen([todo_id]).get(todo_id))
+
+    def _explain_miss(
+        self, operation: str, todo_id: str, owner: str | None, seen: dict[str, Any] | None
+    ) -> Todo:
+        """Raise TodoNotFound, or a TodoConflict (TodoCancelled) saying what of `seen` stood in
+        the way."""
         if seen is None:
             raise TodoNotFound(todo_id)
         transition = TRANSITIONS[operation]

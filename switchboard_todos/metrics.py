@@ -37,6 +37,7 @@ WINDOW = timedelta(minutes=5)
 STATES = [
     ("ready", "ready", "pending and claimable now"),
     ("scheduled", "scheduled", "pending, waiting for a retry or a run_after"),
+    ("blocked", "blocked", "pending, waiting for other todos to be done"),
     ("claimed", "claimed", "claimed, lease valid"),
     ("lease_expired", "lease_expired", "claimed, lease lapsed, not yet taken back"),
     ("dead", "dead", "failed: dead letters"),

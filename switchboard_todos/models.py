@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
@@ -23,6 +25,7 @@ from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, PERMISSIONS, Sta
 __all__ = [
     "Agent",
     "Event",
+    "ParentFailure",
     "Queue",
     "Schedule",
     "State",
@@ -95,6 +98,22 @@ class Event(models.Model):
         return f"{self.source}:{self.kind} {self.id}"
 
 
+#: The `next_retry_at` of a todo waiting for others (the "blocked" fragment of sql/todos.sql):
+#: past every due time, at the end of idx_todos_scheduled, yet a date Python can read.
+BLOCKED_UNTIL = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+class ParentFailure(models.TextChoices):
+    """What a todo that waits for others becomes when one of them ends as a dead letter."""
+
+    CANCEL = "cancel", _("cancel it")
+    """It ends as a dead letter too, saying which parent failed; so do the todos waiting for it
+    that would be cancelled too. Requeueing the parent brings them back."""
+
+    RUN_ANYWAY = "run_anyway", _("run it anyway")
+    """The failed parent counts as finished: it runs once its other parents are done."""
+
+
 class Todo(models.Model):
     """A unit of work: created pending, claimed under a lease, then done or dead-lettered."""
 
@@ -142,6 +161,16 @@ class Todo(models.Model):
     progress = models.JSONField(null=True, blank=True)
     # Someone waits for this todo to finish (wait_for): its end sends a notification.
     awaited = models.BooleanField(db_default=False)
+    # Dependencies (docs/dependencies.md): the todos this one waits for, how many of them are not
+    # done yet (while any is not, it is pending and not claimable: next_retry_at is BLOCKED_UNTIL),
+    # what becomes of it when one ends as a dead letter, and the todos that wait for it (so that
+    # the statement completing it unblocks them without a look-up).
+    parents = ArrayField(models.TextField(), null=True, blank=True, editable=False)
+    waiting_for = models.IntegerField(db_default=0, editable=False)
+    on_parent_failure = models.TextField(
+        choices=ParentFailure.choices, null=True, blank=True, editable=False
+    )
+    children = ArrayField(models.TextField(), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(db_default=_now())
     updated_at = models.DateTimeField(db_default=_now())
     claimed_at = models.DateTimeField(null=True, blank=True)
@@ -160,6 +189,11 @@ class Todo(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(priority__gte=-100, priority__lte=100), name="todos_priority_check"
+            ),
+            models.CheckConstraint(
+                condition=Q(on_parent_failure__in=ParentFailure.values)
+                | Q(on_parent_failure__isnull=True),
+                name="todos_on_parent_failure_check",
             ),
             # One claimed todo per concurrency key: what settles two claims that both saw the
             # key free (the claim passes over held keys itself, sql/todos.sql key_free).
@@ -272,6 +306,37 @@ class Todo(models.Model):
 
     def __str__(self) -> str:
         return self.title or self.kind or self.id
+
+    @property
+    def blocked(self) -> bool:
+        """Whether it waits for todos that are not done yet (not claimable until they are)."""
+        return self.state == State.PENDING and self.waiting_for > 0
+
+    def parent_results(self) -> dict[str, Any]:
+        """The results of the todos it waited for, by id in `after` order: what a todo that
+        merges the work of others reads. One query; None for a parent not done (or purged)."""
+        return parent_results_of([self]).get(self.id, {})
+
+
+def parent_results_of(todos: Iterable[Todo]) -> dict[str, dict[str, Any]]:
+    """`parent_results()` of each of `todos` that has parents, by its id: one query per
+    database they were read from, none when no todo has parents."""
+    waiting = [todo for todo in todos if todo.parents]
+    wanted: dict[str | None, set[str]] = {}
+    for todo in waiting:
+        wanted.setdefault(todo._state.db, set()).update(todo.parents or ())
+    found = {
+        alias: dict(
+            Todo.objects.using(alias)
+            .filter(pk__in=ids, state=State.DONE)
+            .values_list("pk", "result")
+        )
+        for alias, ids in wanted.items()
+    }
+    return {
+        todo.id: {parent: found[todo._state.db].get(parent) for parent in todo.parents or ()}
+        for todo in waiting
+    }
 
 
 #: An agent's name is the `owner` of every todo it claims: a one-word name, as a queue's.

@@ -233,17 +233,21 @@ class QueueView:
 
     @property
     def depth(self) -> int:
-        """Pending todos: claimable now, and waiting for a retry or their run_after."""
-        return 0 if self.health is None else self.health.ready + self.health.scheduled
+        """Pending todos: claimable now, waiting for a retry or their run_after, and waiting for
+        other todos."""
+        health = self.health
+        return 0 if health is None else health.ready + health.scheduled + health.blocked
 
     @property
     def todos_text(self) -> str:
-        """Its todos in a line: "12 pending (10 ready, 2 waiting), 2 claimed, …"."""
+        """Its todos in a line: "12 pending (10 ready, 2 waiting), 2 claimed, …" (and "N
+        blocked" among the pending when some wait for other todos)."""
         health = self.health
         if health is None:
             return "none"
+        blocked = f", {health.blocked} blocked" if health.blocked else ""
         return (
-            f"{self.depth} pending ({health.ready} ready, {health.scheduled} waiting), "
+            f"{self.depth} pending ({health.ready} ready, {health.scheduled} waiting{blocked}), "
             f"{health.claimed} claimed, {health.lease_expired} lease expired, "
             f"{health.dead} dead letters; oldest ready {health.oldest_ready or '-'}"
         )

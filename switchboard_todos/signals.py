@@ -83,7 +83,9 @@ def _took_over_a_lapsed_lease(todo: Todo, extra: Any) -> bool:
 #: the manager wherever the rows of a transition come back.
 SENT_BY: dict[str, tuple[tuple[Signal, Pick], ...]] = {
     "create_todo": ((todo_created, _created),),
+    "create_child": ((todo_created, _created),),
     "create_many": ((todo_created, _created),),
+    "create_graph": ((todo_created, _created),),
     "tick_schedule": ((todo_created, _every),),
     "claim_next": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),
     "claim": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),

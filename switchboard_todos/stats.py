@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from django.db import connections, router
 
-from switchboard_todos.models import Todo
+from switchboard_todos.models import BLOCKED_UNTIL, Todo
 
 #: Most values a list of queues or assignees shows; past that, filter by typing (search).
 VALUES_LIMIT = 500
@@ -43,7 +43,8 @@ SELECT DISTINCT kind
 """
 
 # One row per queue. Each CTE reads one partial index: idx_todos_pending (ready),
-# idx_todos_scheduled (retries), idx_todos_lease (claimed), idx_todos_dead (dead letters, the
+# idx_todos_scheduled (retries, and todos blocked waiting for others at its end, at
+# %(blocked)s), idx_todos_lease (claimed), idx_todos_dead (dead letters, the
 # queue included): their cost follows the work in flight, not the done todos. "finished" reads a
 # range of idx_todos_finished, so its cost follows the todos finished within `recent`. The
 # queue names come from a skip scan of idx_todos_queue.
@@ -59,7 +60,9 @@ fresh AS (
 retries AS (
     SELECT queue,
            count(*) FILTER (WHERE next_retry_at <= now()) AS due,
-           count(*) FILTER (WHERE next_retry_at > now()) AS scheduled,
+           count(*) FILTER (WHERE next_retry_at > now() AND next_retry_at < %(blocked)s)
+               AS scheduled,
+           count(*) FILTER (WHERE next_retry_at = %(blocked)s) AS blocked,
            min(next_retry_at) FILTER (WHERE next_retry_at <= now()) AS oldest
       FROM todos
      WHERE state = 'pending' AND next_retry_at IS NOT NULL
@@ -95,7 +98,8 @@ SELECT found.value AS queue,
        coalesce(finished.done, 0) AS done_recently,
        coalesce(dead.dead, 0) AS dead,
        now() - least(fresh.oldest, retries.oldest) AS oldest_ready_age,
-       coalesce(finished.dead_lettered, 0) AS dead_lettered_recently
+       coalesce(finished.dead_lettered, 0) AS dead_lettered_recently,
+       coalesce(retries.blocked, 0) AS blocked
   FROM found
   LEFT JOIN fresh ON fresh.queue = found.value
   LEFT JOIN retries ON retries.queue = found.value
@@ -131,6 +135,8 @@ class QueueHealth:
     """How long the longest-waiting ready todo has been claimable; None when none is ready."""
     dead_lettered_recently: int
     """Failed for good (last attempt, or cancelled) within `recent`."""
+    blocked: int
+    """Pending, waiting for other todos to be done (docs/dependencies.md)."""
 
     @property
     def oldest_ready(self) -> str:
@@ -159,7 +165,10 @@ def queue_health(
     """
     wanted = None if queues is None else list(queues)
     with _cursor(using) as cursor:
-        cursor.execute(_QUEUES, {"queues": wanted, "limit": VALUES_LIMIT, "recent": recent})
+        cursor.execute(
+            _QUEUES,
+            {"queues": wanted, "limit": VALUES_LIMIT, "recent": recent, "blocked": BLOCKED_UNTIL},
+        )
         return [QueueHealth(*row) for row in cursor.fetchall()]
 
 

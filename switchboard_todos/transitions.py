@@ -95,6 +95,9 @@ class Transition:
     not_in_state: str = ""
     """With a batch form: its reason for a todo in another state, "it is done, <not_in_state>"."""
     repair: Repair | None = None
+    method: str = ""
+    """The manager method that runs the statement, when it is not the one of its name (a
+    variant of it for a case the method meets: `create_child` for `create_todo(after=...)`)."""
 
     @property
     def owner_guarded(self) -> bool:
@@ -210,7 +213,9 @@ TRANSITIONS: dict[str, Transition] = {
     transition.name: transition
     for transition in (
         Transition("create_todo", frozenset()),
+        Transition("create_child", frozenset(), method="create_todo"),
         Transition("create_many", frozenset()),
+        Transition("create_graph", frozenset(), method="create_many"),
         Transition("tick_schedule", frozenset()),
         Transition("claim_next", frozenset({State.PENDING, State.CLAIMED})),
         Transition("claim_filtered", frozenset({State.PENDING, State.CLAIMED})),
@@ -228,6 +233,7 @@ TRANSITIONS: dict[str, Transition] = {
                 _QUEUE_FULL,
             ),
         ),
+        Transition("await_todo", frozenset({State.PENDING, State.CLAIMED}), method="wait_for"),
         _owner_guarded("heartbeat"),
         _owner_guarded("heartbeat_many"),
         _owner_guarded("complete"),

@@ -192,6 +192,36 @@ def todo_ids(values: Iterable[str]) -> list[str]:
     return ids
 
 
+#: Longest `wait_for`.
+MAX_TIMEOUT = timedelta(days=1)
+#: Most todos one todo may wait for (`after`).
+MAX_PARENTS = 1000
+#: What a todo that waits for others may do when one of them ends as a dead letter.
+PARENT_FAILURE_POLICIES = ("cancel", "run_anyway")
+
+
+def parents(value: object) -> list[str]:
+    """The todos a new todo waits for (`after`): 1 to MAX_PARENTS ids or batch refs, repeats
+    dropped, order kept."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidTodo(f"after must be a list of todo ids, not {type(value).__name__}.")
+    named = list(dict.fromkeys(todo_id(item, "after") for item in value))
+    if not named:
+        raise InvalidTodo("after must name at least one todo (or be left out).")
+    if len(named) > MAX_PARENTS:
+        raise InvalidTodo(
+            f"after names {len(named)} todos; a todo waits for at most {MAX_PARENTS}."
+        )
+    return named
+
+
+def parent_failure(value: object) -> str:
+    """What a todo does when a todo it waits for ends as a dead letter."""
+    if value not in PARENT_FAILURE_POLICIES:
+        raise InvalidTodo(f"on_parent_failure must be 'cancel' or 'run_anyway', not {value!r}.")
+    return str(value)
+
+
 def reason(value: object) -> str:
     """Why an operator cancelled a todo: required, kept in its result and failure history."""
     return text(value, "reason", REASON_MAX_LENGTH, required=True).strip()
@@ -460,6 +490,8 @@ CREATION_DEFAULTS: dict[str, Any] = {
     "concurrency_key": None,
     "event": None,
     "run_after": None,
+    "after": None,
+    "on_parent_failure": "cancel",
 }
 _CREATION_ARGUMENTS = frozenset(CREATION_DEFAULTS)
 
@@ -495,6 +527,13 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         get("event"),
         get("run_after"),
     )
+    waits_for, policy = get("after"), get("on_parent_failure", "cancel")
+    checked_policy = policy if policy == "cancel" else parent_failure(policy)
+    if waits_for is not None and after is not None:
+        raise InvalidTodo(
+            "A todo that waits for others (after) starts when they are done; it cannot also "
+            "have a run_after."
+        )
     return {
         "queue": queue(get("queue", "default")),
         "kind": checked_kind,
@@ -514,6 +553,8 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         "event_given_by_id": isinstance(given_event, str),
         "event_database": getattr(getattr(given_event, "_state", None), "db", None),
         "run_after": None if after is None else run_after(after),
+        "parents": None if waits_for is None else parents(waits_for),
+        "on_parent_failure": None if waits_for is None else checked_policy,
     }
 
 
@@ -550,6 +591,9 @@ ARGUMENTS: dict[str, Callable[[Any], Any]] = {
     "limit": lambda value: whole_number(value, "limit", 1, CLAIM_BATCH_LIMIT),
     "wait": optional(wait, 0.0),
     "max_held": optional(lambda value: whole_number(value, "max_held", 0, 2**31 - 1)),
+    "timeout": lambda value: duration(
+        value, "timeout", maximum=MAX_TIMEOUT, allow_zero=True
+    ).total_seconds(),
     "result": result,
     "results": results,
     "error": error,

@@ -193,6 +193,7 @@ def test_openapi_schema_is_generated_and_public(client: Client) -> None:
     assert operations == {
         "list_todos",
         "create_for",
+        "create_many",
         "get_todo",
         "claim",
         "claim_todo",

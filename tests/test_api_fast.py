@@ -325,3 +325,23 @@ def test_a_terminated_connection_costs_one_answer(tokens: dict[str, str]) -> Non
     finally:
         app.close()
     assert Todo.objects.filter(state=State.CLAIMED, owner="a1").count() == 2
+
+
+@pytest.mark.parametrize("wait", [0, 1], ids=["claim", "long poll"])
+def test_a_merge_reads_its_parents_results_both_ways(
+    fast: asgi.AgentsAPIFirst, tokens: dict[str, str], make_todo: Callable[..., Todo], wait: int
+) -> None:
+    """A claimed todo's answer holds its parents' results, read off the event loop (on the
+    API's threads), after a long poll too."""
+    headers = {"Authorization": f"Bearer {tokens['a1']}", "Content-Type": "application/json"}
+    body = json.dumps({"queues": ["work"], "ttl": 30, "wait": wait}).encode()
+    for app in (django_application, fast):
+        Todo.objects.all().delete()
+        part = make_todo(queue="work", state=State.DONE, result={"n": 1})
+        merge, _ = Todo.objects.create_todo(queue="work", kind="merge", after=[part.id])
+        connections.close_all()
+        answer = call(app, "POST", "/api/claim/", body, headers)
+        assert answer.status == 200, answer.body
+        [claimed] = json.loads(answer.body)["todos"]
+        assert (claimed["id"], claimed["parents"]) == (merge.id, [part.id])
+        assert claimed["parent_results"] == {part.id: {"n": 1}}

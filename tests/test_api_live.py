@@ -94,6 +94,36 @@ def test_long_poll_returns_promptly_when_a_todo_is_enqueued(server: str) -> None
     assert answered[0] - enqueued < 5  # far below the 20 s wait
 
 
+def test_a_read_with_a_wait_answers_when_the_todo_ends(server: str) -> None:
+    """GET todos/<id>/?wait= long-polls the todo: answered with its result once its holder
+    completes it, well before the wait is over; a wait past 20 s is refused."""
+    token = accounts.create_agent("producer", claim_queues=["results"])[1]
+    todo, _ = Todo.objects.create_todo(queue="results", kind="k")
+    connections.close_all()
+    answers: list[httpx.Response] = []
+    answered: list[float] = []
+
+    def read() -> None:
+        with agent_client(server, token) as client:
+            answers.append(client.get(f"/todos/{todo.id}/", params={"wait": 20}))
+            answered.append(time.monotonic())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(1)  # let the read start waiting; the bound below holds either way
+    Todo.objects.claim(todo.id, "w", ttl=30)
+    Todo.objects.complete(todo.id, "w", result={"answer": 42})
+    completed = time.monotonic()
+    reader.join(30)
+    [answer] = answers
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["state"], answer.json()["result"]) == ("done", {"answer": 42})
+    assert answered[0] - completed < 5  # far below the 20 s wait
+    with agent_client(server, token) as client:
+        too_long = client.get(f"/todos/{todo.id}/", params={"wait": 21})
+    assert too_long.status_code == 422, too_long.text
+
+
 def test_waiting_polls_do_not_hold_up_other_agents(
     server: str, make_todo: Callable[..., Todo]
 ) -> None:

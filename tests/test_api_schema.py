@@ -41,6 +41,7 @@ def test_schemathesis_finds_no_failure_with_every_check_on(
     )
     connections.close_all()
     with serve({**subprocess_env, "DATABASE_POOL_SIZE": "4"}) as (base, process):
+        hooks = {**subprocess_env, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks"}
         run = subprocess.run(
             [
                 sys.executable, "-m", "schemathesis.cli", "run", f"{base}/openapi.json",
@@ -52,10 +53,10 @@ def test_schemathesis_finds_no_failure_with_every_check_on(
                 "--generation-database", "none",
                 "--no-color",
             ],
-            cwd=tmp_path, capture_output=True, text=True, timeout=600,
+            cwd=tmp_path, env=hooks, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         process.terminate()
         served = process.communicate(timeout=30)[0]
     assert run.returncode == 0, run.stdout[-30_000:] + run.stderr[-5_000:]
-    assert "Selected: 9/9" in run.stdout and "Tested: 9" in run.stdout, run.stdout
+    assert "Selected: 10/10" in run.stdout and "Tested: 10" in run.stdout, run.stdout
     assert "Traceback" not in served, served

@@ -40,6 +40,12 @@ ROWS = {
         "drain, one database, Workers on both queues",
         "drain, two databases, Workers on both queues",
     ],
+    "blocked": [
+        "drain (single) with 1,000 blocked todos, 1 process",
+        "drain (single) with 1,000 blocked todos, 2 processes",
+        "drain (worker) with 1,000 blocked todos, 1 process",
+        "drain (worker) with 1,000 blocked todos, 2 processes",
+    ],
     "hostile_agent": [
         "hostile agent (long polls): 1 agent claim + complete",
         "hostile agent (long polls): claim p99",

@@ -30,6 +30,7 @@ from psycopg import sql
 
 from switchboard_todos import listen, placement, queue_settings, schedules, stats, waiting
 from switchboard_todos.agents import accounts, service
+from switchboard_todos.agents.serialize import todo_json
 from switchboard_todos.checks import check_schema
 from switchboard_todos.compat import task_backends
 from switchboard_todos.exceptions import InvalidTodo, TodoNotFound
@@ -431,6 +432,35 @@ def test_the_admin_lists_and_repairs_each_database(admin_client: Client) -> None
     assert admin_client.get(changelist + "?database=nowhere").status_code == 404
     health = admin_client.get(changelist + "health/?database=eu").content.decode()
     assert "Databases" in health and "eu-orders" in health and 'href="?database=default"' in health
+
+
+def test_a_plan_lives_in_its_queues_database_with_its_parents(admin_client: Client) -> None:
+    """An agent's plan waits for todos of its database; one of another database is unknown
+    there. The merge reads its parts' results there, and its graph links stay there."""
+    agent, _ = accounts.create_agent(
+        "planner", claim_queues=["eu-orders"], create_queues=["eu-orders"]
+    )
+    fetch, _ = Todo.objects.create_todo(queue="eu-orders", kind="fetch")
+    home, _ = Todo.objects.create_todo(queue="orders", kind="k")
+    with pytest.raises(TodoNotFound):
+        service.create_for(agent, queue="eu-orders", kind="k", after=[home.id])
+    [(part, _), (merge, _)] = service.create_many_for(
+        agent,
+        todos=[
+            {"queue": "eu-orders", "kind": "part", "ref": "part", "after": [fetch.id]},
+            {"queue": "eu-orders", "kind": "merge", "after": ["part"]},
+        ],
+    )
+    assert {part.id, merge.id} <= ids_in("eu")
+    eu = Todo.objects.db_manager("eu")
+    for todo in (fetch, part):
+        eu.claim(todo.id, "w", 30)
+        eu.complete(todo.id, "w", todo.kind)
+    assert todo_json(eu.get(pk=merge.id))["parent_results"] == {part.id: "part"}
+    changelist = "/admin/switchboard_todos/todo/"
+    page = admin_client.get(f"{changelist}{quote(part.id)}/change/?database=eu").content.decode()
+    for relative in (fetch, merge):
+        assert f'href="{changelist}{quote(relative.id)}/change/?database=eu"' in page
 
 
 def test_the_queues_page_shows_and_steers_each_database(admin_client: Client) -> None:

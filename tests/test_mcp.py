@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from django.contrib.admin.utils import quote
 from django.db import connections
 from django.db.models.functions import Now
 from django.test import override_settings
@@ -327,12 +328,23 @@ def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
         "fail",
         "release",
         "create_for",
+        "create_many",
     }
     assert "do not complete" in (tools["heartbeat"].description or "")
     assert "what you have done so far" in (tools["heartbeat"].description or "")
     assert "progress" in tools["heartbeat"].input_schema["properties"]
     assert tools["claim"].output_schema is not None
     assert tools["list_todos"].annotations and tools["list_todos"].annotations.read_only_hint
+    planning = tools["create_many"].description or ""
+    for advice in ("`ref`", "`after`", "last", "idempotency_key", "run_anyway", "parent_results"):
+        assert advice in planning, advice
+    assert "parent_results" in (tools["claim"].description or "")
+    assert "after" in tools["create_for"].input_schema["properties"]
+    output = tools["claim"].output_schema
+    assert output is not None
+    assert {"parents", "waiting_for", "parent_results"} <= set(
+        output["$defs"]["TodoJSON"]["properties"]
+    )
 
 
 def test_a_throttled_call_says_how_long_to_wait() -> None:
@@ -709,3 +721,124 @@ def test_quotas_are_tool_errors_and_change_nothing(open_session: Opener) -> None
     assert attempts["status"] == 422 and "at most 25" in attempts["detail"]
     assert Todo.objects.filter(owner=AGENT).count() == 1
     assert Todo.objects.filter(queue="handoff").count() == 2
+
+
+# Planning work for other agents (issue 27)
+
+PARTS = 6
+
+
+def test_a_plan_made_on_mcp_is_worked_by_other_agents_and_merged_once(
+    mcp_url: str, admin_client: Any
+) -> None:
+    """A planning agent creates PARTS parts and a merge that waits for them in one create_many
+    call; a worker on MCP and one on HTTP claim and complete the parts (half of them assigned
+    to each, so that both work whoever is faster); the merge is claimed
+    once, by one of them, only after the last part is done, and reads every part's result in
+    its parent_results. The admin shows the graph on the merge's page."""
+    planner = create_agent("planner", create_queues=["plan"])[1]
+    workers = {
+        name: create_agent(name, claim_queues=["plan"])[1] for name in ("mcp-worker", "http-worker")
+    }
+    api = mcp_url.removesuffix("/mcp") + "/api"
+    plan = [
+        {"queue": "plan", "kind": "part", "ref": f"part-{n}", "idempotency_key": f"part-{n}",
+         "payload": {"n": n}, "assignee": list(workers)[n % 2]}
+        for n in range(PARTS)
+    ] + [
+        {"queue": "plan", "kind": "merge", "ref": "merge", "idempotency_key": "merge",
+         "after": [f"part-{n}" for n in range(PARTS)]}
+    ]  # fmt: skip
+    merged: list[dict[str, Any]] = []
+
+    def work(name: str, todo: dict[str, Any]) -> Any:
+        if todo["kind"] == "merge":
+            merged.append({"by": name, **todo})
+            return sum(result["n"] for result in todo["parent_results"].values())
+        return {"n": todo["payload"]["n"], "by": name}
+
+    async def on_mcp() -> None:
+        async with connect(mcp_url, workers["mcp-worker"]) as session:
+            while not merged:
+                for todo in (await call(session, "claim", ttl=30, wait=1))["todos"]:
+                    result = work("mcp-worker", todo)
+                    await call(session, "complete", todo_id=todo["id"], result=result)
+
+    async def on_http() -> None:
+        headers = {"Authorization": f"Bearer {workers['http-worker']}"}
+        async with httpx.AsyncClient(base_url=api, headers=headers, timeout=30) as client:
+            while not merged:
+                claimed = await client.post("/claim/", json={"ttl": 30, "wait": 1})
+                for todo in claimed.json()["todos"]:
+                    result = work("http-worker", todo)
+                    done = await client.post(
+                        f"/todos/{todo['id']}/complete/", json={"result": result}
+                    )
+                    assert done.status_code == 200, done.text
+
+    async def main() -> dict[str, Any]:
+        async with connect(mcp_url, planner) as session:
+            made = await call(session, "create_many", todos=plan)
+            # Sent again: its parts are assigned to others, so it may not see them; the
+            # conflict says their keys are taken, that is, the first call went through.
+            again = await refused(session, "create_many", todos=plan)
+        await asyncio.wait_for(asyncio.gather(on_mcp(), on_http()), timeout=120)
+        return {"made": made, "again": again}
+
+    answers = asyncio.run(main())
+    made = [each["todo"] for each in answers["made"]["todos"]]
+    assert [each["created"] for each in answers["made"]["todos"]] == [True] * (PARTS + 1)
+    assert answers["again"]["status"] == 409 and "'part-0' is taken" in answers["again"]["detail"]
+    assert made[0]["id"] not in answers["again"]["detail"]
+    *parts, merge = made
+    assert merge["parents"] == [part["id"] for part in parts] and merge["waiting_for"] == PARTS
+
+    [claim] = merged  # claimed exactly once
+    rows = {todo.id: todo for todo in Todo.objects.filter(queue="plan")}
+    assert claim["parent_results"] == {part["id"]: rows[part["id"]].result for part in parts}
+    assert {result["by"] for result in claim["parent_results"].values()} == set(workers)
+    finished = [rows[part["id"]].completed_at for part in parts]
+    row = rows[merge["id"]]
+    assert row.claimed_at is not None and all(
+        at is not None and row.claimed_at >= at for at in finished
+    )
+    assert (row.state, row.attempt, row.result) == (State.DONE, 1, sum(range(PARTS)))
+    assert Counter(todo.state for todo in rows.values()) == {State.DONE: PARTS + 1}
+
+    page = admin_client.get(f"/admin/switchboard_todos/todo/{quote(merge['id'])}/change/")
+    graph = page.content.decode()
+    for part in parts:
+        assert f'href="/admin/switchboard_todos/todo/{quote(part["id"])}/change/"' in graph
+
+
+def test_a_plan_sent_again_returns_the_same_todos(open_session: Opener) -> None:
+    plan = [
+        {"queue": "mcp", "kind": "part", "ref": "part", "idempotency_key": "part"},
+        {"queue": "mcp", "kind": "merge", "after": ["part"], "idempotency_key": "merge",
+         "on_parent_failure": "run_anyway"},
+    ]  # fmt: skip
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        return [await call(session, "create_many", todos=plan) for _ in range(2)]
+
+    first, again = run(open_session, scenario)
+    assert [each["created"] for each in first["todos"]] == [True, True]
+    assert [each["created"] for each in again["todos"]] == [False, False]
+    assert [each["todo"] for each in again["todos"]] == [each["todo"] for each in first["todos"]]
+    merge = Todo.objects.get(kind="merge")
+    assert (merge.on_parent_failure, merge.waiting_for) == ("run_anyway", 1)
+
+
+def test_a_plan_that_can_never_run_is_a_tool_error(open_session: Opener) -> None:
+    cycle = [
+        {"queue": "mcp", "kind": "a", "ref": "a", "after": ["b"]},
+        {"queue": "mcp", "kind": "b", "ref": "b", "after": ["a"]},
+    ]
+
+    async def scenario(session: ClientSession) -> dict[str, Any]:
+        return await refused(session, "create_many", todos=cycle)
+
+    problem = run(open_session, scenario)
+    assert problem["status"] == 409 and problem["type"] == errors.INVALID_PLAN.type
+    assert problem["title"] == "The plan cannot run" and "cycle" in problem["detail"]
+    assert not Todo.objects.exists()

@@ -168,3 +168,26 @@ def test_the_loop_and_every_tool_error_reach_the_model(relay: Relay) -> None:
         "next_cursor": None,
     }
     assert Todo.objects.filter(kind="t.any", owner="ts-agent").count() == 0
+
+
+def test_a_plan_and_its_merge_fit_the_output_schemas(relay: Relay) -> None:
+    """create_many's answer, and a claimed merge with its parents' results, are what the tools
+    declare; a plan that can never run reaches the model as a tool error."""
+    plan = [
+        {"queue": "mcp", "kind": "part", "ref": "part"},
+        {"queue": "mcp", "kind": "merge", "after": ["part"]},
+    ]
+    [part, merge] = [
+        each["todo"] for each in structured(relay.call("create_many", todos=plan))["todos"]
+    ]
+    assert merge["parents"] == [part["id"]] and merge["parent_results"] == {part["id"]: None}
+    [held] = structured(relay.call("claim", ttl=30))["todos"]
+    assert held["id"] == part["id"] and held["parent_results"] is None
+    structured(relay.call("complete", todo_id=part["id"], result={"found": 2}))
+    [merging] = structured(relay.call("claim", ttl=30))["todos"]
+    assert merging["id"] == merge["id"] and merging["parent_results"] == {part["id"]: {"found": 2}}
+
+    cycle = [{"queue": "mcp", "kind": "a", "ref": "a", "after": ["a"]}]
+    assert error_text(relay.call("create_many", todos=cycle)).startswith(
+        "The plan cannot run (409): todo #0 waits for itself."
+    )

@@ -52,8 +52,9 @@ def busy(make_todo: MakeTodo) -> None:
     make_todo(queue="mail", created_ago=timedelta(minutes=10))
     make_todo(queue="mail", next_retry_in=timedelta(minutes=-30))
     make_todo(queue="mail", next_retry_in=timedelta(minutes=5))
-    make_todo(queue="mail", state=State.CLAIMED)
+    running = make_todo(queue="mail", state=State.CLAIMED)
     make_todo(queue="mail", state=State.CLAIMED, lease_expires_in=timedelta(seconds=-1))
+    Todo.objects.create_todo(queue="mail", kind="merge", after=[running.id])
     make_todo(queue="mail", state=State.DONE)
     make_todo(queue="mail", state=State.FAILED)
     old = make_todo(queue="mail", state=State.DONE)
@@ -66,6 +67,7 @@ def test_the_metrics_count_each_queue_and_state(busy: None, client: Client, sett
     for state, count in [
         ("ready", 2),
         ("scheduled", 1),
+        ("blocked", 1),
         ("claimed", 1),
         ("lease_expired", 1),
         ("dead", 1),

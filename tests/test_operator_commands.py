@@ -28,7 +28,7 @@ def run(command: str, *args: str) -> tuple[str, str]:
 @pytest.fixture
 def busy_queues(make_todo: MakeTodo) -> dict[str, Todo]:
     """Two queues with todos in every situation the health numbers count."""
-    return {
+    todos = {
         "ready": make_todo(queue="mail", created_ago=timedelta(minutes=10)),
         "due": make_todo(queue="mail", next_retry_in=timedelta(minutes=-30)),
         "waiting": make_todo(queue="mail", next_retry_in=timedelta(minutes=5)),
@@ -40,13 +40,18 @@ def busy_queues(make_todo: MakeTodo) -> dict[str, Todo]:
         "dead": make_todo(queue="billing", state=State.FAILED),
         "dead2": make_todo(queue="billing", state=State.FAILED),
     }
+    todos["blocked"] = Todo.objects.create_todo(
+        queue="mail", kind="merge", after=[todos["claimed"].id]
+    )[0]
+    return todos
 
 
 # the numbers
 
 
 def test_queue_health_counts_each_situation(busy_queues: dict[str, Todo]) -> None:
-    """Ready includes due retries; the oldest ready age is the longest claimable wait."""
+    """Ready includes due retries; blocked todos are not scheduled ones; the oldest ready age
+    is the longest claimable wait."""
     Todo.objects.filter(pk=busy_queues["done"].pk).update(
         completed_at=busy_queues["done"].completed_at - timedelta(hours=25)  # type: ignore[operator]
     )
@@ -61,6 +66,7 @@ def test_queue_health_counts_each_situation(busy_queues: dict[str, Todo]) -> Non
         dead=0,
         oldest_ready_age=timedelta(minutes=30),
         dead_lettered_recently=0,
+        blocked=1,
     )
     billing = health["billing"]
     assert (billing.done_recently, billing.dead, billing.dead_lettered_recently) == (0, 2, 2)
@@ -115,6 +121,7 @@ def test_todo_stats_prints_a_table(busy_queues: dict[str, Todo]) -> None:
         "queue",
         "ready",
         "waiting",
+        "blocked",
         "claimed",
         "expired",
         "done",
@@ -123,8 +130,8 @@ def test_todo_stats_prints_a_table(busy_queues: dict[str, Todo]) -> None:
         "oldest",
         "ready",
     ]
-    assert lines[1].split() == ["billing", "0", "0", "0", "0", "1", "2", "-"]
-    assert lines[2].split() == ["mail", "2", "1", "1", "1", "0", "0", "30", "min", "0", "s"]
+    assert lines[1].split() == ["billing", "0", "0", "0", "0", "0", "1", "2", "-"]
+    assert lines[2].split() == ["mail", "2", "1", "1", "1", "1", "0", "0", "30", "min", "0", "s"]
 
 
 def test_todo_stats_json(busy_queues: dict[str, Todo]) -> None:
@@ -145,6 +152,7 @@ def test_todo_stats_json(busy_queues: dict[str, Todo]) -> None:
             "done_recently": 0,
             "dead": 0,
             "dead_lettered_recently": 0,
+            "blocked": 1,
         }
     ]
 

@@ -78,8 +78,8 @@ def test_the_guard_parser_reads_each_form() -> None:
 
 @pytest.mark.parametrize("name", TRANSITIONS)
 def test_each_transition_is_a_manager_method(name: str) -> None:
-    """The row, the SQL block and the method share one name."""
-    assert callable(getattr(Todo.objects, name))
+    """The row, the SQL block and the method share one name (or the row names its method)."""
+    assert callable(getattr(Todo.objects, TRANSITIONS[name].method or name))
     assert name in queries
 
 

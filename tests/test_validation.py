@@ -250,6 +250,7 @@ METHODS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "max_held": st.none() | st.integers(0, 3),
     },
     "claim": {"todo_id": TODO_ID, "owner": st.just("w1"), "ttl": SECONDS},
+    "wait_for": {"todo_id": TODO_ID, "timeout": st.just(0) | st.just(0.01)},
     "heartbeat": {
         "todo_id": TODO_ID,
         "owner": st.just("w1"),

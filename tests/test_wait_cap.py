@@ -55,3 +55,20 @@ def test_a_throttled_long_poll_claims_nothing(
             claim(agent, ttl=30, wait=1)
         assert Todo.objects.get(pk=todo.pk).state == State.PENDING
         assert [claimed.pk for claimed in claim(agent, ttl=30)] == [todo.pk]
+
+
+@pytest.mark.parametrize(
+    "get", [service.get_todo, async_to_sync(service.aget_todo)], ids=["sync", "async"]
+)
+def test_a_read_with_a_wait_is_a_long_poll(
+    agent: Agent, make_todo: Callable[..., Todo], get: Callable[..., Todo]
+) -> None:
+    """A read waiting for its todo to end counts against the cap; one without a wait, or of a
+    todo already ended, is answered at once."""
+    todo = make_todo(queue="work")
+    with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_WAITS=1), waits.admitted(agent, 20):
+        with pytest.raises(Throttled):
+            get(agent, todo.id, wait=1)
+        assert get(agent, todo.id).pk == todo.pk
+        Todo.objects.filter(pk=todo.pk).update(state=State.DONE)
+        assert get(agent, todo.id, wait=1).state == State.DONE

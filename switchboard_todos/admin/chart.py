@@ -14,6 +14,7 @@ class HealthChart:
     SEGMENTS: Sequence[tuple[str, str, str]] = (
         ("ready", "ready", "#417690"),
         ("scheduled", "waiting for retry", "#79aec8"),
+        ("blocked", "blocked", "#8a8a8a"),
         ("claimed", "claimed", "#5b9e3f"),
         ("lease_expired", "lease expired", "#e0a800"),
         ("dead", "dead letters", "#ba2121"),

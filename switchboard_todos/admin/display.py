@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from django.contrib.admin.utils import quote
+from django.db.models import Expression, F, Func, TextField
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -35,6 +36,12 @@ def pretty_json(value: Any) -> SafeString:
         '<pre class="switchboard-json">{}</pre>',
         json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True),
     )
+
+
+def json_text(value: Expression | F) -> Func:
+    """A JSON column as text, computed in the database (`#>> '{}'`): a string as its text,
+    unquoted; any other value as JSON. Cut it there (Left) to read only a head."""
+    return Func(value, template="(%(expressions)s #>> '{}')", output_field=TextField())
 
 
 def progress_head(head: str | None, length: int) -> str:

@@ -14,7 +14,7 @@ from django.utils.translation import gettext_lazy as _
 
 from switchboard_todos import stats
 from switchboard_todos.admin import databases
-from switchboard_todos.models import State
+from switchboard_todos.models import BLOCKED_UNTIL, State
 
 
 class AttentionFilter(admin.SimpleListFilter):
@@ -28,7 +28,15 @@ class AttentionFilter(admin.SimpleListFilter):
             _("Lease expired, not yet reaped"),
             Q(state=State.CLAIMED, lease_expires_at__lte=Now()),
         ),
-        "waiting": (_("Waiting for retry"), Q(state=State.PENDING, next_retry_at__gt=Now())),
+        "waiting": (
+            _("Waiting for retry"),
+            Q(state=State.PENDING, next_retry_at__gt=Now(), next_retry_at__lt=BLOCKED_UNTIL),
+        ),
+        # Waiting in idx_todos_scheduled, at its end: no other pending todo is due so late.
+        "blocked": (
+            _("Blocked: waiting for other todos"),
+            Q(state=State.PENDING, next_retry_at=BLOCKED_UNTIL),
+        ),
         "ready": (
             _("Ready to claim"),
             Q(state=State.PENDING) & (Q(next_retry_at__isnull=True) | Q(next_retry_at__lte=Now())),

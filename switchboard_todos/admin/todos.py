@@ -12,16 +12,18 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import BooleanField, ExpressionWrapper, F, Func, Q, QuerySet, TextField
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, QuerySet
 from django.db.models.functions import Left, Now
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.formats import localize
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from switchboard_todos.admin import databases
 from switchboard_todos.admin.actions import TodoActions
@@ -31,6 +33,7 @@ from switchboard_todos.admin.dates import AdminTodoQuerySet
 from switchboard_todos.admin.display import (
     event_link,
     failure_table,
+    json_text,
     pretty_json,
     progress_head,
 )
@@ -41,6 +44,7 @@ from switchboard_todos.admin.filters import (
     PriorityFilter,
     QueueFilter,
 )
+from switchboard_todos.admin.graph import Dependencies, DependencyGraph, Relative, dependencies
 from switchboard_todos.admin.health import HealthPage
 from switchboard_todos.admin.pagination import EstimatedCountPaginator
 from switchboard_todos.models import State, Todo
@@ -49,19 +53,21 @@ from switchboard_todos.models import State, Todo
 TODO_ID = re.compile(r"td_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 #: Characters of a progress note the list shows.
 PROGRESS_CHARS = 60
+#: The ids of a todo's parents and children: its page reads them, the list does not.
+GRAPH_COLUMNS = ("parents", "children")
 
 
 class TodoChangeList(ChangeList):
-    """The todo list, without the JSON columns it does not show, and with the head of each
-    progress note, cut in the database (`#>> '{}'`: a string note as its text, unquoted)."""
+    """The todo list, without the JSON columns and the parents' and children's ids it does not
+    show, and with the head of each progress note, cut in the database (display.json_text)."""
 
     def get_queryset(
         self, request: HttpRequest, exclude_parameters: list[str | None] | None = None
     ) -> QuerySet[Any]:
-        note = Func(F("progress"), template="(%(expressions)s #>> '{}')", output_field=TextField())
         todos: QuerySet[Any] = (
-            super().get_queryset(request, exclude_parameters).defer(*JSON_COLUMNS)
+            super().get_queryset(request, exclude_parameters).defer(*JSON_COLUMNS, *GRAPH_COLUMNS)
         )
+        note = json_text(F("progress"))
         listed: QuerySet[Any] = todos.annotate(progress_head=Left(note, PROGRESS_CHARS + 1))
         return listed
 
@@ -141,7 +147,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
                     "owner",
                     "attempts",
                     "lease_expires_at",
-                    "next_retry_at",
+                    "next_retry",
                     "created_at",
                     "claimed_at",
                     "updated_at",
@@ -173,8 +179,26 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
     class Media:
         css = {"all": ["switchboard_todos/admin.css"]}
 
+    #: Shown on the page of a todo that has parents or children.
+    dependencies_fieldset = (
+        _("Dependencies"),
+        {
+            "description": _(
+                "The todos this one waits for (it is claimable once each is done) and those "
+                "that wait for it; the graph shows two levels each way, each todo a link."
+            ),
+            "fields": ["dependency_graph", "waits_for", "waited_for_by"],
+        },
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Todo | None = None) -> Any:
+        fieldsets: list[Any] = list(self.fieldsets or [])
+        if obj is not None and (obj.parents or obj.children):
+            fieldsets.insert(2, self.dependencies_fieldset)
+        return fieldsets
+
     def get_readonly_fields(self, request: HttpRequest, obj: Todo | None = None) -> list[str]:
-        return flatten_fieldsets(self.fieldsets or [])
+        return flatten_fieldsets(self.get_fieldsets(request, obj))
 
     # Queries
 
@@ -230,6 +254,8 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
             return format_html(
                 "{} {}", _("lease until"), localize(timezone.localtime(todo.lease_expires_at))
             )
+        if todo.blocked:
+            return _blocked(todo)
         if todo.state == State.PENDING and todo.next_retry_at is not None:
             return format_html(
                 "{} {}", _("retry at"), localize(timezone.localtime(todo.next_retry_at))
@@ -257,7 +283,18 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
                 "requeue it from the list (action “Requeue selected dead letters”)."
             ),
         }[State(todo.state)]
+        if todo.blocked:
+            meaning = _("blocked: claimable once the todos it waits for (below) are done")
         return f"{State(todo.state).label} — {meaning}"
+
+    @admin.display(description=_("next retry"))
+    def next_retry(self, todo: Todo) -> str:
+        """When a pending todo is claimable again; a blocked one waits for todos, not a time."""
+        if todo.blocked:
+            return _blocked(todo)
+        if todo.next_retry_at is None:
+            return "—"
+        return str(localize(timezone.localtime(todo.next_retry_at)))
 
     @admin.display(description=_("payload"))
     def payload_json(self, todo: Todo) -> SafeString:
@@ -274,6 +311,33 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
     @admin.display(description=_("failed attempts"))
     def failure_history(self, todo: Todo) -> SafeString | str:
         return failure_table(todo.errors, todo.errors_dropped)
+
+    @admin.display(description=_("graph"))
+    def dependency_graph(self, todo: Todo) -> SafeString | str:
+        found = _dependencies(todo)
+        if found is None:
+            return "—"
+        context = {"graph": DependencyGraph(found), "label": _("The todos around %s") % todo.id}
+        return render_to_string("admin/switchboard_todos/todo/dependency_graph.html", context)
+
+    @admin.display(description=_("waits for"))
+    def waits_for(self, todo: Todo) -> SafeString | str:
+        found = _dependencies(todo)
+        if found is None or not found.parents:
+            return str(_("Nothing: it waits for no todo."))
+        rows = [
+            _row(found, parent, parent.result_head if parent.state == State.DONE else None)
+            for parent in found.parents
+        ]
+        return _relatives_table(_("result"), rows, found.more_parents)
+
+    @admin.display(description=_("waited for by"))
+    def waited_for_by(self, todo: Todo) -> SafeString | str:
+        found = _dependencies(todo)
+        if found is None or not found.children:
+            return str(_("No todo waits for it."))
+        rows = [_row(found, child, _waiting(child)) for child in found.children]
+        return _relatives_table(_("still waiting for"), rows, found.more_children)
 
     # Extra pages
 
@@ -292,3 +356,56 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
             ),
             *super().get_urls(),
         ]
+
+
+def _dependencies(todo: Todo) -> Dependencies | None:
+    """graph.dependencies of the todo, read once for the page's three fields that show them."""
+    if "_dependencies" not in todo.__dict__:
+        todo.__dict__["_dependencies"] = dependencies(todo)
+    found: Dependencies | None = todo.__dict__["_dependencies"]
+    return found
+
+
+def _blocked(todo: Todo) -> str:
+    return ngettext(
+        "blocked: waits for %(count)d todo",
+        "blocked: waits for %(count)d todos",
+        todo.waiting_for,
+    ) % {"count": todo.waiting_for}
+
+
+def _waiting(relative: Relative) -> str:
+    """How many todos a child still waits for; nothing once it no longer waits."""
+    if relative.status != "blocked":
+        return ""
+    return ngettext("%(count)d todo", "%(count)d todos", relative.waiting_for) % {
+        "count": relative.waiting_for
+    }
+
+
+def _row(found: Dependencies, relative: Relative, last: str | None) -> tuple[str, ...]:
+    """A parent's or child's row: its page, id, kind or title, state, and `last`."""
+    label = Truncator(relative.label).chars(80)
+    return (relative.url(found.alias), relative.id, label, relative.status_label, last or "")
+
+
+def _relatives_table(last: Any, rows: list[tuple[str, ...]], more: int) -> SafeString:
+    """Parents or children as a table (`_row`), `last` the heading of the last column."""
+    header = format_html_join(
+        "", "<th scope='col'>{}</th>", [(c,) for c in (_("id"), _("todo"), _("state"), last)]
+    )
+    body = format_html_join(
+        "", '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>', rows
+    )
+    caption = (
+        format_html("<caption>{}</caption>", _("and %(count)d more, not listed") % {"count": more})
+        if more > 0
+        else ""
+    )
+    return format_html(
+        '<table class="switchboard-relatives">{}<thead><tr>{}</tr></thead><tbody>{}</tbody>'
+        "</table>",
+        caption,
+        header,
+        body,
+    )

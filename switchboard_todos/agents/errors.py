@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from switchboard_todos.exceptions import (
+    InvalidPlan,
     InvalidTodo,
     NotAuthenticated,
     QueueNotGranted,
@@ -87,6 +88,15 @@ THROTTLED = ErrorKind(
 INVALID_INPUT = ErrorKind(
     422, "invalid-input", "Invalid input", "Fix the arguments as the detail says; nothing changed."
 )
+#: A plan (create_many_for) whose todos are each well formed but wait for each other in a way
+#: that can never run: a conflict between the parts of the request, which no schema states.
+INVALID_PLAN = ErrorKind(
+    409,
+    "invalid-plan",
+    "The plan cannot run",
+    "The todos of the plan wait for each other in a way that can never run (a ref named twice, "
+    "a todo waiting for itself, a cycle): fix the plan; nothing was created.",
+)
 #: HTTP only: the request body is larger than the API accepts.
 BODY_TOO_LARGE = ErrorKind(
     413, "body-too-large", "Request body too large", "Send less; nothing changed."
@@ -116,6 +126,7 @@ TABLE: dict[type[TodoError], ErrorKind] = {
     TodoCancelled: TODO_CANCELLED,
     TodoConflict: TODO_CONFLICT,
     Throttled: THROTTLED,
+    InvalidPlan: INVALID_PLAN,
     InvalidTodo: INVALID_INPUT,
 }
 

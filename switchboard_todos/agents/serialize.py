@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 if sys.version_info >= (3, 12):
     from typing import TypedDict
 else:  # pydantic, which makes the MCP tools' output schema of it, needs this one below 3.12
     from typing_extensions import TypedDict
 
-from switchboard_todos.models import Todo
+from switchboard_todos.models import Todo, parent_results_of
 
 
 class TodoJSON(TypedDict):
@@ -40,10 +43,32 @@ class TodoJSON(TypedDict):
     result: Any
     last_error: Any
     progress: Any
+    parents: list[str] | None
+    waiting_for: int
+    parent_results: dict[str, Any] | None
 
 
 def todo_json(todo: Todo) -> TodoJSON:
-    """`todo` in the shape every remote surface answers with."""
+    """`todo` in the shape every remote surface answers with (a query when it has parents)."""
+    return todos_json([todo])[0]
+
+
+def todos_json(todos: Sequence[Todo]) -> list[TodoJSON]:
+    """Each of `todos` in that shape; the results of their parents are read in one query,
+    none when no todo has parents."""
+    results = parent_results_of(todos)
+    return [_shaped(todo, results.get(todo.id)) for todo in todos]
+
+
+async def atodos_json(todos: Sequence[Todo]) -> list[TodoJSON]:
+    """`todos_json` for a caller on the event loop: off it only when a todo has parents,
+    whose results it reads."""
+    if any(todo.parents for todo in todos):
+        return await sync_to_async(todos_json)(todos)
+    return todos_json(todos)
+
+
+def _shaped(todo: Todo, parent_results: dict[str, Any] | None) -> TodoJSON:
     errors = todo.errors
     return {
         "id": todo.id,
@@ -71,6 +96,11 @@ def todo_json(todo: Todo) -> TodoJSON:
         "last_error": errors[-1].get("error") if isinstance(errors, list) and errors else None,
         # The holder's latest progress note (heartbeat's `progress`).
         "progress": todo.progress,
+        # The todos it waits for (`after`), how many are not done yet, and what the done ones
+        # returned: a todo that merges the work of others reads its parts' results here.
+        "parents": todo.parents,
+        "waiting_for": todo.waiting_for,
+        "parent_results": parent_results,
     }
 
 

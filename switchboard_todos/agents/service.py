@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
@@ -33,7 +33,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections, router, transaction
 from django.db.models import Q
 
-from switchboard_todos import cursors, placement, validation, waiting
+from switchboard_todos import cursors, endings, graphs, placement, validation, waiting
 from switchboard_todos.agents import errors, tokens, waits
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import (
@@ -64,6 +64,8 @@ HELD_RETRY_MAX = 60
 #: Longest idempotency or concurrency key an agent gives, as SQS's MessageDeduplicationId: the
 #: key scoped to the agent (`_scoped_key`) then fits the core's limit whatever the agent's name.
 MAX_KEY_LENGTH = 128
+#: Most todos one plan (`create_many_for`) holds.
+MAX_PLAN = 1000
 #: Most todos one page of `list_todos` holds, and how many without a `limit`.
 MAX_PAGE = 100
 DEFAULT_PAGE = 50
@@ -168,14 +170,41 @@ def list_todos(
     return Page(page[:size], _encode_cursor(last))
 
 
-def get_todo(agent: Agent, todo_id: str) -> Todo:
-    """One todo the agent may see."""
-    checked = _todo_id(todo_id)
+def get_todo(agent: Agent, todo_id: str, *, wait: Seconds = 0) -> Todo:
+    """One todo the agent may see; with `wait` (seconds, at most MAX_WAIT), once it is done or
+    failed, or as it is when `wait` has passed (Todo.objects.wait_for: woken the moment it
+    ends). A wait counts among the agent's long polls (waits.py)."""
+    checked, seconds = _todo_id(todo_id), _wait(wait)
+    found = _seen_todo(agent, checked)
+    if not seconds or found.state in endings.ENDED:
+        return found
+    with waits.admitted(agent, seconds):
+        return Todo.objects.db_manager(found._state.db).wait_for(checked, seconds)
+
+
+async def aget_todo(agent: Agent, todo_id: str, *, wait: Seconds = 0) -> Todo:
+    """Async twin of `get_todo`: the wait is suspended, holding no thread or connection."""
+    checked, seconds = _todo_id(todo_id), _wait(wait)
+    found = await sync_to_async(_seen_todo)(agent, checked)
+    if not seconds or found.state in endings.ENDED:
+        return found
+    async with waits.awaiting(agent, seconds):
+        return await Todo.objects.db_manager(found._state.db).await_for(checked, seconds)
+
+
+def _seen_todo(agent: Agent, todo_id: str) -> Todo:
+    """The todo of `todo_id` if the agent may see it, in whichever of its databases."""
     for alias in _databases(agent):
-        found = list(Todo.objects.using(alias).filter(_visible_to(agent), pk=checked)[:1])
+        found = list(Todo.objects.using(alias).filter(_visible_to(agent), pk=todo_id)[:1])
         if found:
             return found[0]
-    raise TodoNotFound(checked)
+    raise TodoNotFound(todo_id)
+
+
+def _wait(wait: Seconds) -> float:
+    return validation.duration(
+        wait, "wait", maximum=timedelta(seconds=MAX_WAIT), allow_zero=True
+    ).total_seconds()
 
 
 # Claiming
@@ -319,9 +348,7 @@ def _claim_arguments(
     agent: Agent, queues: Iterable[str] | None, wait: Seconds, limit: int
 ) -> tuple[list[str], float, int]:
     names = _claim_queues(agent, queues)
-    seconds = validation.duration(
-        wait, "wait", maximum=timedelta(seconds=MAX_WAIT), allow_zero=True
-    ).total_seconds()
+    seconds = _wait(wait)
     return names, seconds, validation.whole_number(limit, "limit", 1, MAX_CLAIM_LIMIT)
 
 
@@ -493,6 +520,8 @@ def create_for(
     max_attempts: int | None = None,
     priority: int = 0,
     concurrency_key: str | None = None,
+    after: Iterable[str] | None = None,
+    on_parent_failure: str = "cancel",
 ) -> tuple[Todo, bool]:
     """Enqueue a todo in one of the agent's create queues; returns (todo, created).
 
@@ -500,39 +529,138 @@ def create_for(
     idempotency key held by a live todo the agent created in that queue returns that todo with
     created=False, or, when the agent may not see that todo, a TodoConflict naming none. Each
     call counts against the agent's creation quota (Throttled past it); `max_attempts` may not
-    exceed the agent's limit, and defaults to the lower of 5 and that limit. A refused call
-    writes nothing.
+    exceed the agent's limit, and defaults to the lower of 5 and that limit. With `after`, the
+    todo waits for those todos (docs/dependencies.md), each one the agent may see: any other id
+    is TodoNotFound, as an unknown one. A refused call writes nothing.
     """
-    name = validation.queue(queue)
-    if name not in agent.create_queues:
-        raise QueueNotGranted(f"Agent {agent.name!r} may not create todos in queue {name!r}.")
-    attempts = _max_attempts(agent, max_attempts)
-    key = _scoped_key(agent, idempotency_key, "idempotency_key")
-    serial = _scoped_key(agent, concurrency_key, "concurrency_key")
+    spec = _creation(
+        agent,
+        {
+            "queue": queue,
+            "kind": kind,
+            "title": title,
+            "payload": payload,
+            "idempotency_key": idempotency_key,
+            "assignee": assignee,
+            "run_after": run_after,
+            "max_attempts": max_attempts,
+            "priority": priority,
+            "concurrency_key": concurrency_key,
+            "after": after,
+            "on_parent_failure": on_parent_failure,
+        },
+    )
+    if spec["after"] is not None:
+        validation.creation(spec)  # bad input is refused before the parents are looked at
+        _check_visible(agent, {placement.database_for(spec["queue"]): spec["after"]})
     # The count is undone with the transaction when the create is refused (bad input, 409).
     with transaction.atomic(using=router.db_for_write(Agent)):
-        _count_create(agent)
-        todo, created = Todo.objects.create_todo(
-            queue=name,
-            kind=kind,
-            title=title,
-            payload=payload,
-            source=_source(agent),
-            idempotency_key=key,
-            assignee=assignee,
-            max_attempts=attempts,
-            priority=priority,
-            concurrency_key=serial,
-            run_after=_moment(run_after),
-        )
+        _count_creates(agent, 1)
+        todo, created = Todo.objects.create_todo(**spec)
         if not created and not _sees(agent, todo):
-            raise TodoConflict(
-                f"Idempotency key {idempotency_key!r} is taken in queue {name!r}: a live todo "
-                "you created with it is in a queue you do not claim from, or assigned to "
-                "another agent, so it is not shown.",
-                todo_id="",
-            )
+            raise _hidden_twin(idempotency_key, spec["queue"])
     return todo, created
+
+
+def create_many_for(agent: Agent, *, todos: Iterable[Mapping[str, Any]]) -> list[tuple[Todo, bool]]:
+    """Create a plan, todos that may wait for each other, in one call; (todo, created) each.
+
+    Each mapping takes `create_for`'s arguments, checked as create_for checks them, and a
+    `ref`: an entry of `after` is the ref of another todo of the plan, or else the id of a todo
+    the agent may see (TodoNotFound otherwise, as an unknown id). A plan with refs or `after`
+    is created whole or not at all; a ref named twice, a todo waiting for itself or a cycle is
+    InvalidPlan. The plan counts one creation per todo against the agent's quota, all at once
+    (one larger than the whole quota is InvalidTodo: it could never pass). With idempotency keys
+    on its todos, a plan sent again while its todos are live returns them (created=False).
+    """
+    if isinstance(todos, str | bytes | Mapping) or not isinstance(todos, Iterable):
+        raise InvalidTodo(f"todos must be a list of todos, not {type(todos).__name__}.")
+    given = list(itertools.islice(todos, MAX_PLAN + 1))
+    if not given:
+        raise InvalidTodo("A plan needs at least one todo.")
+    if len(given) > MAX_PLAN:
+        raise InvalidTodo(f"A plan holds at most {MAX_PLAN} todos; this one holds more.")
+    specs, refs = graphs.split_refs(given)
+    named = set(refs)
+    checked: list[dict[str, Any]] = []
+    waited: dict[str, list[str]] = {}
+    for number, spec in enumerate(specs):
+        try:
+            if not isinstance(spec, Mapping):
+                raise InvalidTodo(f"a todo must be an object, not {type(spec).__name__}.")
+            checked.append(_creation(agent, spec))
+        except (InvalidTodo, QueueNotGranted) as error:
+            raise type(error)(f"todo #{number}: {error}") from None
+        for parent in checked[-1]["after"] or []:
+            if parent not in named:
+                waited.setdefault(placement.database_for(checked[-1]["queue"]), []).append(parent)
+    if waited:
+        validation.creations(checked)  # bad input is refused before the parents are looked at
+        _check_visible(agent, waited)
+    planned = [
+        spec if ref is None else {**spec, "ref": ref}
+        for spec, ref in zip(checked, refs, strict=True)
+    ]
+    with transaction.atomic(using=router.db_for_write(Agent)):
+        _count_creates(agent, len(planned))
+        made = Todo.objects.create_many(planned)
+        for (todo, created), spec in zip(made, specs, strict=True):
+            if not created and not _sees(agent, todo):
+                raise _hidden_twin(spec.get("idempotency_key"), todo.queue)
+    return made
+
+
+#: What an agent says of a todo it creates: create_todo's arguments but `source`, which is the
+#: agent's, and `event`.
+AGENT_CREATION = frozenset(validation.CREATION_DEFAULTS) - {"source", "event"}
+
+
+def _creation(agent: Agent, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """create_todo's arguments for a todo the agent creates: in one of its create queues, its
+    source the agent, its keys scoped, its attempts within the agent's limit. The core checks
+    the rest."""
+    unknown = spec.keys() - AGENT_CREATION
+    if unknown:
+        raise InvalidTodo(f"unknown arguments: {', '.join(sorted(map(repr, unknown)))}.")
+    if "queue" not in spec:
+        raise InvalidTodo("queue is required: one of the queues you may create todos in.")
+    name = validation.queue(spec["queue"])
+    if name not in agent.create_queues:
+        raise QueueNotGranted(f"Agent {agent.name!r} may not create todos in queue {name!r}.")
+    after = spec.get("after")
+    return {
+        **spec,
+        "queue": name,
+        "source": _source(agent),
+        "idempotency_key": _scoped_key(agent, spec.get("idempotency_key"), "idempotency_key"),
+        "concurrency_key": _scoped_key(agent, spec.get("concurrency_key"), "concurrency_key"),
+        "max_attempts": _max_attempts(agent, spec.get("max_attempts")),
+        "run_after": _moment(spec.get("run_after")),
+        "after": None if after is None else validation.parents(after),
+    }
+
+
+def _check_visible(agent: Agent, waited: Mapping[str, list[str]]) -> None:
+    """TodoNotFound for the first of the todos to be waited for (by database) that the agent
+    may not see, exactly as for an unknown id; one query per database."""
+    for alias, ids in waited.items():
+        seen = set(
+            Todo.objects.using(alias)
+            .filter(_visible_to(agent), pk__in=ids)
+            .values_list("pk", flat=True)
+        )
+        for todo_id in ids:
+            if todo_id not in seen:
+                raise TodoNotFound(todo_id)
+
+
+def _hidden_twin(key: object, queue: str) -> TodoConflict:
+    """The conflict of an idempotency key held by a live todo the agent may not see."""
+    return TodoConflict(
+        f"Idempotency key {key!r} is taken in queue {queue!r}: a live todo you created with it "
+        "is in a queue you do not claim from, or assigned to another agent, so it is not shown.",
+        todo_id="",
+    )
 
 
 def _source(agent: Agent) -> str:
@@ -567,22 +695,32 @@ def _max_attempts(agent: Agent, given: int | None) -> int:
     return given
 
 
-def _count_create(agent: Agent) -> None:
-    """Count one creation against the agent's quota per minute (count_creates, agents.sql);
-    Throttled, and nothing counted, past it."""
+def _count_creates(agent: Agent, count: int) -> None:
+    """Count `count` creations against the agent's quota per minute (count_creates, agents.sql):
+    Throttled, and nothing counted, past it; InvalidTodo when `count` is more than the whole
+    quota, which waiting would never make room for."""
     quota = _quota(agent.max_creates_per_minute, conf.AGENT_MAX_CREATES_PER_MINUTE)
+    if count > quota:
+        raise InvalidTodo(
+            f"A plan of {count} todos is more than agent {agent.name!r} may create in a minute "
+            f"(max_creates_per_minute {quota}): make it smaller; nothing was created."
+        )
     with cursors.cursor(connections[router.db_for_write(Agent)]) as cursor:
-        cursor.execute(agent_queries["count_creates"], {"agent_id": agent.pk, "quota": quota})
+        cursor.execute(
+            agent_queries["count_creates"], {"agent_id": agent.pk, "quota": quota, "count": count}
+        )
         row = cursor.fetchone()
     if row is None:
         raise NotAuthenticated("Unknown token.")  # the agent was deleted since the request began
     counted, window_left = row
     if not counted:
-        raise _throttled(
-            f"Agent {agent.name!r} created {quota} todos within a minute, its quota "
-            "(max_creates_per_minute); nothing was created.",
-            window_left,
-        )
+        full = f"created {quota} todos within a minute, its quota (max_creates_per_minute)"
+        if count > 1:
+            full = (
+                f"would pass its quota of {quota} todos a minute (max_creates_per_minute) "
+                f"with {count} more"
+            )
+        raise _throttled(f"Agent {agent.name!r} {full}; nothing was created.", window_left)
 
 
 # Shared checks
@@ -680,9 +818,9 @@ def _twin(function: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
 
 aauthenticate = _twin(authenticate)
 alist_todos = _twin(list_todos)
-aget_todo = _twin(get_todo)
 aheartbeat = _twin(heartbeat)
 acomplete = _twin(complete)
 afail = _twin(fail)
 arelease = _twin(release)
 acreate_for = _twin(create_for)
+acreate_many_for = _twin(create_many_for)

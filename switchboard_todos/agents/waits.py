@@ -1,6 +1,7 @@
 """The cap on an agent's long polls waiting at once (SWITCHBOARD_TODOS_AGENT_MAX_WAITS).
 
-Every remote surface's claim with a wait passes here before anything is claimed. Past the cap
+Every remote surface's long poll (a claim with a wait, a read waiting for a todo to end) passes
+here before anything is claimed or read. Past the cap
 the agent is told to slow down (Throttled: HTTP 429 with Retry-After, SQS RequestThrottled, an
 MCP tool error that says when to poll again) instead of being given a waiter. The count is of
 the waits in this server process: behind a balancer with N processes an agent may have N times

@@ -53,7 +53,7 @@ from django.urls.exceptions import Resolver404
 from pydantic import ValidationError
 
 from switchboard_todos.agents import service
-from switchboard_todos.agents.serialize import todo_json
+from switchboard_todos.agents.serialize import todo_json, todos_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
     ClaimIn,
@@ -192,23 +192,23 @@ class AgentsAPIFirst:
         try:
             answer = await loop.run_in_executor(self._threads, _perform, verb, token, todo_id, body)
             if isinstance(answer, Waiting):  # suspended, not holding a thread
-                answer = await _wait_and_claim(answer.agent, answer.arguments)
+                claimed = await _wait_and_claim(answer.agent, answer.arguments)
+                if any(todo.parents for todo in claimed):  # their parents' results: a query
+                    return await loop.run_in_executor(self._threads, _serialized, claimed)
+                return _body(claimed)
         except TodoError as error:
             return problems.todo_error_response(error, authorization)
         except Exception as error:
             return problems.server_error_response(f"POST {scope['path']}", error)
-        if isinstance(answer, HttpResponse):
-            return answer
-        if isinstance(answer, list):
-            return json.dumps({"todos": [todo_json(todo) for todo in answer]}).encode()
-        return json.dumps(todo_json(answer)).encode()
+        return answer
 
 
 def _perform(
     verb: str, token: str | None, todo_id: str | None, body: bytes | None
-) -> Todo | list[Todo] | Waiting | HttpResponse:
+) -> bytes | Waiting | HttpResponse:
     """On one of the threads: authenticate, then parse the body (or refuse it), then run the
-    verb. A claim with a `wait` returns Waiting: the event loop waits for it."""
+    verb and serialize its answer. A claim with a `wait` returns Waiting: the event loop waits
+    for it."""
     try:
         agent = service.authenticate(token)
         arguments = _arguments(verb, body)
@@ -216,13 +216,28 @@ def _perform(
             return arguments
         if verb != CLAIM:
             assert todo_id is not None
-            return BY_ID[verb][1](agent, todo_id, arguments)
+            return _body(BY_ID[verb][1](agent, todo_id, arguments))
         assert isinstance(arguments, ClaimIn)
         if arguments.wait:
             return Waiting(agent, arguments)
-        return service.claim(
-            agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit
+        return _body(
+            service.claim(agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit)
         )
+    finally:
+        finish_with_connections()
+
+
+def _body(answer: Todo | list[Todo]) -> bytes:
+    """A verb's answer as the API's JSON (reading the results of the todos' parents, if any)."""
+    if isinstance(answer, list):
+        return json.dumps({"todos": todos_json(answer)}).encode()
+    return json.dumps(todo_json(answer)).encode()
+
+
+def _serialized(todos: list[Todo]) -> bytes:
+    """`_body` on one of the threads."""
+    try:
+        return _body(todos)
     finally:
         finish_with_connections()
 

@@ -13,14 +13,14 @@ same rules as patterns built from the core's own constants.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
 from ninja import Schema
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model
 
-from switchboard_todos import validation
+from switchboard_todos import graphs, validation
 from switchboard_todos.agents import serialize
-from switchboard_todos.agents.service import CURSOR_PATTERN, MAX_CLAIM_LIMIT, MAX_WAIT
+from switchboard_todos.agents.service import CURSOR_PATTERN, MAX_CLAIM_LIMIT, MAX_PLAN, MAX_WAIT
 
 #: The JSON value a payload, result or error may be (components/schemas, api/views.py).
 JSON_VALUE = "JSONValue"
@@ -115,6 +115,10 @@ Kind = Annotated[
     ),
 ]
 Title = Annotated[str, text(validation.TITLE_MAX_LENGTH)]
+#: The name a todo of a plan goes by in the others' `after` (graphs.py).
+Ref = Annotated[str, text(graphs.REF_MAX_LENGTH, blank=False)]
+#: An entry of a plan's `after`: the ref of a todo of the plan, or the id of an existing todo.
+RefOrId = Annotated[str, text(validation.TODO_ID_MAX_LENGTH, blank=False)]
 Moment = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
 
 
@@ -245,6 +249,13 @@ class ReleaseIn(Request):
     )
 
 
+def _after(description: str) -> Any:
+    """The todos a todo waits for: 1 to MAX_PARENTS of them, or none (null)."""
+    return Field(
+        default=None, min_length=1, max_length=validation.MAX_PARENTS, description=description
+    )
+
+
 #: A todo needs a kind or a title (validation.creation): JSON Schema says it with anyOf.
 _KIND_OR_TITLE: list[Any] = [
     {"required": ["kind"], "properties": {"kind": {"minLength": 1}}},
@@ -253,10 +264,17 @@ _KIND_OR_TITLE: list[Any] = [
         "properties": {"title": {"pattern": f"[^{validation.WHITESPACE}]"}},
     },
 ]
+#: A todo that waits for others starts when they are done: it has no run_after as well.
+_NOT_AFTER_AND_RUN_AFTER: dict[str, Any] = {
+    "required": ["after", "run_after"],
+    "properties": {"after": {"type": "array"}, "run_after": {"type": "string"}},
+}
 
 
 class CreateIn(Request):
-    model_config = ConfigDict(json_schema_extra={"anyOf": _KIND_OR_TITLE})
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": _KIND_OR_TITLE, "not": _NOT_AFTER_AND_RUN_AFTER}
+    )
 
     queue: QueueName = Field(description="One of the agent's create queues.")
     kind: Kind = Field(default="", description="What the todo is; no whitespace.")
@@ -289,3 +307,43 @@ class CreateIn(Request):
         default=None,
         description="While a todo with this key is claimed, no other todo with it is.",
     )
+    after: list[TodoId] | None = _after(
+        "Ids of todos you may see that this one waits for: it is claimable once each is done, "
+        "and reads their results in `parent_results`. Not with run_after."
+    )
+    on_parent_failure: Literal["cancel", "run_anyway"] = Field(
+        default="cancel",
+        description="When a todo it waits for ends as a dead letter: cancel it too (a dead "
+        "letter naming that parent), or run it anyway once the others are done.",
+    )
+
+
+class PlanTodoIn(CreateIn):
+    """A todo of a plan: `create_for`'s fields, a `ref`, and `after` naming refs or ids."""
+
+    ref: Ref | None = Field(
+        default=None,
+        description="The name the plan's other todos give in their `after` to wait for this one.",
+    )
+    after: list[RefOrId] | None = _after(
+        "What this todo waits for: refs of todos of this plan, or ids of existing todos you may "
+        "see. Not with run_after."
+    )
+
+
+class PlanIn(Request):
+    todos: list[PlanTodoIn] = Field(
+        min_length=1,
+        max_length=MAX_PLAN,
+        description=f"1 to {MAX_PLAN} todos, created whole or not at all when they wait for "
+        "each other; the todo that merges the others' work names them all in its `after`.",
+    )
+
+
+class PlannedTodo(Schema):
+    todo: TodoOut  # type: ignore[valid-type]
+    created: bool = Field(description="False: its idempotency key found a live todo, returned.")
+
+
+class Planned(Schema):
+    todos: list[PlannedTodo] = Field(description="The plan's todos, in the order given.")

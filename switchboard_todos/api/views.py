@@ -1,10 +1,11 @@
 """The routes: each authenticates, calls one function of agents/service.py, answers JSON.
 
-`claim` is an async view: under ASGI a long poll waits on the LISTEN path without holding a
-thread. The other verbs are one statement each, plain views that Django runs on the request's
-thread under ASGI: an async view would cost them one more hop between threads. Under WSGI
-everything runs too, `claim` in an event loop of its request's thread, which a long poll then
-occupies for its wait (docs/agents.md).
+`claim` and `get_todo` are async views: under ASGI a long poll (a claim's wait for a todo, a
+read's wait for one to end) waits on the LISTEN path without holding a thread. The other verbs
+are one statement each, plain views that Django runs on the request's thread under ASGI: an
+async view would cost them one more hop between threads. Under WSGI everything runs too, the
+async views in an event loop of their request's thread, which a long poll then occupies for
+its wait (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from switchboard_todos.agents import errors, service
-from switchboard_todos.agents.serialize import todo_json
+from switchboard_todos.agents.serialize import atodos_json, todo_json, todos_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
     JSON_SCHEMAS,
@@ -34,6 +35,8 @@ from switchboard_todos.api.schemas import (
     Cursor,
     FailIn,
     HeartbeatIn,
+    PlanIn,
+    Planned,
     Problem,
     QueueName,
     ReleaseIn,
@@ -113,6 +116,10 @@ LINKS = {
     "claim": {200: "$response.body#/todos/0/id"},
     "claim_todo": {200: "$response.body#/id"},
     "create_for": {201: "$response.body#/id", 200: "$response.body#/id"},
+    "create_many": {
+        201: "$response.body#/todos/0/todo/id",
+        200: "$response.body#/todos/0/todo/id",
+    },
 }
 HOLDER_VERBS = ["get_todo", "claim_todo", "heartbeat", "complete", "fail", "release"]
 #: What every route may answer besides its success.
@@ -156,8 +163,7 @@ def list_todos(
     page = service.list_todos(
         agent_of(request), queues=queue, state=state, limit=limit, cursor=cursor
     )
-    todos = [todo_json(todo) for todo in page.todos]
-    return json_response({"todos": todos, "next_cursor": page.next_cursor})
+    return json_response({"todos": todos_json(page.todos), "next_cursor": page.next_cursor})
 
 
 @api.post("/todos/", response={201: TodoOut, 200: TodoOut, **PROBLEMS})
@@ -172,10 +178,34 @@ def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
     return response
 
 
+# Before `todos/{todo_id}/`, which would take its path: a todo whose id is "batch" is read
+# through the list, not here (GET on this path is a 405).
+@api.post("/todos/batch/", response={201: Planned, 200: Planned, **PROBLEMS})
+def create_many(request: HttpRequest, body: PlanIn) -> HttpResponse:
+    """Create a plan in one call: todos that may wait for each other (`ref`, `after`), whole
+    or not at all; 201 when it created any, 200 when their idempotency keys found every one
+    live. 409 (invalid-plan): they wait for each other in a way that can never run."""
+    made = service.create_many_for(
+        agent_of(request), todos=[todo.model_dump(exclude_none=True) for todo in body.todos]
+    )
+    shaped = todos_json([todo for todo, _created in made])
+    created = [created for _todo, created in made]
+    answer = [{"todo": t, "created": c} for t, c in zip(shaped, created, strict=True)]
+    return json_response({"todos": answer}, 201 if any(created) else 200)
+
+
 @api.get("/todos/{todo_id}/", response=ONE, url_name="todo")
-def get_todo(request: HttpRequest, todo_id: TodoId) -> HttpResponse:
-    """One todo you may see: of your claim queues, or held by you."""
-    return todo_response(service.get_todo(agent_of(request), todo_id))
+async def get_todo(
+    request: HttpRequest,
+    todo_id: TodoId,
+    wait: Annotated[float, Field(ge=0, le=service.MAX_WAIT)] = 0,
+) -> HttpResponse:
+    """One todo you may see: of your claim queues, or held by you. With `wait` (seconds, at
+    most 20), long-poll until it is done or failed, as a claim's wait: the answer is the todo
+    as it ended, or as it is when `wait` has passed."""
+    todo = await service.aget_todo(agent_of(request), todo_id, wait=wait)
+    [shaped] = await atodos_json([todo])
+    return json_response(shaped)
 
 
 @api.post("/claim/", response={200: Claimed, **PROBLEMS})
@@ -185,7 +215,7 @@ async def claim(request: HttpRequest, body: ClaimIn | None = None) -> HttpRespon
     todos = await service.aclaim(
         agent_of(request), queues=body.queues, ttl=body.ttl, wait=body.wait, limit=body.limit
     )
-    return json_response({"todos": [todo_json(todo) for todo in todos]})
+    return json_response({"todos": await atodos_json(todos)})
 
 
 @api.post("/todos/{todo_id}/claim/", response=ONE)

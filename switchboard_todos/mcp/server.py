@@ -18,11 +18,11 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import DatabaseError, connections
 from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from switchboard_todos import __version__, faults
 from switchboard_todos.agents import errors, service
-from switchboard_todos.agents.serialize import TodoJSON, todo_json
+from switchboard_todos.agents.serialize import TodoJSON, atodos_json
 from switchboard_todos.exceptions import Throttled, TodoError
 from switchboard_todos.models import Agent, Todo
 
@@ -37,7 +37,10 @@ INSTRUCTIONS = (
     "A durable work queue. Loop: claim (with wait, up to 20 s) -> work, calling heartbeat "
     "before the lease (ttl) runs out -> complete with a result, or fail with an error. A "
     "lease-lost error means another agent may have the todo now: stop work on it and do not "
-    "complete it. Work may be delivered again after a crash, so make each step safe to repeat."
+    "complete it. Work may be delivered again after a crash, so make each step safe to repeat. "
+    "To plan a job for other agents, create its parts and a final merging todo that waits for "
+    "them in one create_many call; whoever claims the merging todo finds the parts' results in "
+    "its parent_results."
 )
 
 TodoId = Annotated[str, Field(description="The todo's id, td_...")]
@@ -58,6 +61,59 @@ class Page(BaseModel):
 class Created(BaseModel):
     todo: TodoJSON
     created: bool = Field(description="False: the idempotency key found a live todo, returned.")
+
+
+class Plan(BaseModel):
+    todos: list[Created] = Field(description="The plan's todos, in the order given.")
+
+
+class PlannedTodo(BaseModel):
+    """One todo of a plan: `create_for`'s arguments, a `ref`, and `after` naming refs or ids."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queue: str = Field(description="A queue you may create todos in.")
+    ref: str | None = Field(
+        default=None,
+        description="A short name for this todo, unique in the plan (e.g. part-1, merge): the "
+        "plan's other todos wait for it by giving it in their `after`.",
+    )
+    after: list[str] | None = Field(
+        default=None,
+        description="What this todo waits for: refs of todos of this plan, or ids of existing "
+        "todos you can see. It is claimable once each of them is done.",
+    )
+    on_parent_failure: Literal["cancel", "run_anyway"] = Field(
+        default="cancel",
+        description='If a todo it waits for fails for good: "cancel" (default) fails this one '
+        'too, and what waits for it; "run_anyway" runs it once the others are done, with a '
+        "null result for the failed one in parent_results.",
+    )
+    kind: str = Field(default="", description="What sort of work, e.g. triage.issue.")
+    title: str = Field(default="", description="One line a person can read.")
+    payload: dict[str, Any] | None = Field(
+        default=None, description="A JSON object: what whoever claims it needs to do the work."
+    )
+    idempotency_key: str | None = Field(
+        default=None,
+        description="A key unique to this piece of work; give one on every todo of the plan, so "
+        "that sending the plan again returns the same todos instead of new ones.",
+    )
+    assignee: str | None = Field(
+        default=None, description="Only the agent of this name may claim it; default: anyone."
+    )
+    max_attempts: int | None = Field(
+        default=None,
+        description="Attempts before it becomes a dead letter; default 5, at most your limit.",
+    )
+    priority: int = Field(default=0, description="-100 to 100; higher is claimed sooner.")
+    concurrency_key: str | None = Field(
+        default=None, description="One at a time per key: no two todos with it claimed at once."
+    )
+    run_after: str | None = Field(
+        default=None,
+        description="Not claimable before this time (ISO 8601 with a time zone); not with after.",
+    )
 
 
 @asynccontextmanager
@@ -155,10 +211,7 @@ class Tools:
             page = await service.alist_todos(
                 agent, queues=queues, state=state, limit=limit, cursor=cursor
             )
-            return {
-                "todos": [todo_json(todo) for todo in page.todos],
-                "next_cursor": page.next_cursor,
-            }
+            return {"todos": await atodos_json(page.todos), "next_cursor": page.next_cursor}
 
         return await self._run(call)
 
@@ -183,7 +236,9 @@ class Tools:
         hold. An empty list means no work arrived within `wait`: call claim again (with wait up
         to 20 s) rather than polling fast. While working, call `heartbeat` before the lease
         runs out; when done, `complete` or `fail`. A todo's `attempt` above 1 means an earlier
-        attempt did not finish: check what it left behind before redoing side effects.
+        attempt did not finish: check what it left behind before redoing side effects. A todo
+        that waited for others (`parents`) holds what they returned in `parent_results`, by
+        id: the parts a merging step merges (null for a part that failed when it runs anyway).
         Errors: not found (no such todo in your queues) or conflict (another agent holds it,
         it is not pending yet): pick other work."""
 
@@ -191,7 +246,7 @@ class Tools:
             todos = await service.aclaim(
                 agent, queues=queues, todo_id=todo_id, ttl=ttl, wait=wait, limit=limit
             )
-            return {"todos": [todo_json(todo) for todo in todos]}
+            return {"todos": await atodos_json(todos)}
 
         return await self._run(call)
 
@@ -304,13 +359,29 @@ class Tools:
                 "other todo with it is (e.g. one agent per repository)."
             ),
         ] = None,
+        after: Annotated[
+            list[str] | None,
+            Field(
+                description="Ids of todos you can see that this one waits for: it is claimable "
+                "once each is done, and its parent_results hold what they returned."
+            ),
+        ] = None,
+        on_parent_failure: Annotated[
+            Literal["cancel", "run_anyway"],
+            Field(
+                description='If a todo in `after` fails for good: "cancel" (default) fails this '
+                'one too; "run_anyway" runs it once the others are done.'
+            ),
+        ] = "cancel",
     ) -> Annotated[CallToolResult, Created]:
         """Create a todo for another agent or worker (or for later): hand off work you found.
         With an `idempotency_key`, calling again after a timeout or crash is safe: the live
         todo with that key comes back with created=false (in a queue you do not claim from, a
         conflict saying the key is taken: your earlier call went through). Your keys are your
-        own: they never match another agent's or a producer's. Errors: a queue you have no grant
-        to create in is refused; invalid values say which one to fix; too many creations a
+        own: they never match another agent's or a producer's. With `after`, it waits for
+        those todos; to plan several todos that wait for each other, use `create_many`.
+        Errors: a queue you have no grant to create in is refused; a todo id in `after` you
+        cannot see is not found; invalid values say which one to fix; too many creations a
         minute: wait as the error says."""
 
         async def call(agent: Agent) -> dict[str, Any]:
@@ -326,17 +397,60 @@ class Tools:
                 max_attempts=max_attempts,
                 priority=priority,
                 concurrency_key=concurrency_key,
+                after=after,
+                on_parent_failure=on_parent_failure,
             )
-            return {"todo": todo_json(todo), "created": created}
+            [shaped] = await atodos_json([todo])
+            return {"todo": shaped, "created": created}
+
+        return await self._run(call)
+
+    async def create_many(
+        self,
+        todos: Annotated[
+            list[PlannedTodo],
+            Field(description="The plan: 1 to 1000 todos, the merging step last."),
+        ],
+    ) -> Annotated[CallToolResult, Plan]:
+        """Plan a job for other agents in one call: its parts, and the steps that wait for
+        them. Give each todo a short `ref` (part-1, part-2, merge) and list in its `after` the
+        refs of the todos it must wait for (or the ids of existing todos you can see). Put the
+        step that merges the parts last, with `after` naming every part: it becomes claimable
+        only when the last part is done, exactly once, and whoever claims it reads what each
+        part returned in its `parent_results`. Parts with no `after` are claimable at once, by
+        any agent of their queue. Give every todo an `idempotency_key`: sending the same plan
+        again (after a timeout or crash) then returns the same todos with created=false. When a
+        part fails for good (its last attempt, or an operator cancels it), the todos waiting for
+        it are cancelled too, unless they say `on_parent_failure: "run_anyway"`, which runs them
+        once the other parts are done (the failed part's result is null). Nothing is created
+        unless the whole plan is. Errors: "The plan cannot run" (a ref named twice, a todo
+        waiting for itself, a cycle): fix the plan; an id in `after` you cannot see is not
+        found; a conflict over keys means part of the plan exists already (your earlier call
+        went through, and some of its todos are done): do not send it again; too many
+        creations a minute: wait as the error says."""
+
+        async def call(agent: Agent) -> dict[str, Any]:
+            made = await service.acreate_many_for(
+                agent, todos=[todo.model_dump(exclude_none=True) for todo in todos]
+            )
+            shaped = await atodos_json([todo for todo, _created in made])
+            return {
+                "todos": [
+                    {"todo": todo, "created": created}
+                    for todo, (_, created) in zip(shaped, made, strict=True)
+                ]
+            }
 
         return await self._run(call)
 
 
 async def _todo(transition: Awaitable[Todo]) -> dict[str, Any]:
-    return dict(todo_json(await transition))
+    [shaped] = await atodos_json([await transition])
+    return dict(shaped)
 
 
-#: The tools, named after the seed's verbs; each is read-only, or changes one todo.
+#: The tools, named after the seed's verbs; each is read-only, or changes one todo (or, for
+#: create_many, creates a plan of them).
 TOOLS = {
     "list_todos": ToolAnnotations(read_only_hint=True),
     "claim": ToolAnnotations(read_only_hint=False, destructive_hint=False),
@@ -345,6 +459,7 @@ TOOLS = {
     "fail": ToolAnnotations(read_only_hint=False, destructive_hint=False),
     "release": ToolAnnotations(read_only_hint=False, destructive_hint=False),
     "create_for": ToolAnnotations(read_only_hint=False, destructive_hint=False),
+    "create_many": ToolAnnotations(read_only_hint=False, destructive_hint=False),
 }
 
 

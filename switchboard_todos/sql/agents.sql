@@ -18,10 +18,11 @@ RETURNING todo_agents.id
 SELECT * FROM found;
 
 -- name: count_creates
--- Count one creation against agent %(agent_id)s's quota of %(quota)s a minute, unless it would
--- go past it. The agent's window is the minute from its first creation after the last window
--- ended. Returns whether it was counted, and the seconds left in the window (how long a
--- refused creation should wait). Creations of one agent wait on its row in turn.
+-- Count %(count)s creations (one todo, or every todo of a plan) against agent %(agent_id)s's
+-- quota of %(quota)s a minute, unless they would go past it. The agent's window is the minute
+-- from its first creation after the last window ended. Returns whether they were counted, and
+-- the seconds left in the window (how long a refused creation should wait). Creations of one
+-- agent wait on its row in turn.
 WITH agent AS (
     SELECT id,
            CASE WHEN creates_window > now() - interval '1 minute' THEN creates_window
@@ -35,9 +36,9 @@ WITH agent AS (
 counted AS (
 UPDATE todo_agents
    SET creates_window = agent.window_start,
-       creates_in_window = agent.created + 1
+       creates_in_window = agent.created + %(count)s
   FROM agent
- WHERE todo_agents.id = agent.id AND agent.created < %(quota)s
+ WHERE todo_agents.id = agent.id AND agent.created + %(count)s <= %(quota)s
 RETURNING todo_agents.id
 )
 SELECT EXISTS (SELECT FROM counted) AS counted,

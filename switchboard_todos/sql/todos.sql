@@ -181,6 +181,190 @@ counted AS (
        AND (settings.rate_window IS NULL OR settings.rate_window <= {{rate_window(settings)}})
 )
 
+-- fragment: waited(parent)
+-- How many of the rows of `parent` (a FROM item of id, state: parents locked and read as they
+-- are now) a new todo waits for: those neither done nor failed.
+count(*) FILTER (WHERE $parent.state IN ('pending', 'claimed'))
+
+-- fragment: usable(parent, wanted)
+-- Whether the parents a new todo names (`wanted`, a text[]) all exist, and none is a dead letter:
+-- a todo does not wait for what will never be done (requeue it first).
+count(*) = cardinality($wanted) AND count(*) FILTER (WHERE $parent.state = 'failed') = 0
+
+-- fragment: parents_locked(ids)
+-- The "parent" CTE of a creation: the existing todos in `ids` (a text[]) a new todo waits for,
+-- locked in id order (two creators of children of one parent take turns, never deadlock; a
+-- statement finishing one waits, then sees the child: children_seen) and read as they are now.
+parent AS MATERIALIZED (
+    SELECT id, state
+      FROM todos
+     WHERE id = ANY ($ids)
+     ORDER BY id
+       FOR NO KEY UPDATE
+)
+
+-- fragment: parents_shared(name, todos)
+-- The `name` CTE: the parents of the todos in `todos` (a CTE of ids) that are not among them,
+-- locked FOR SHARE in id order and read as they are now, to count what those todos wait for:
+-- a statement completing one of them waits for this one, then sees what it brought back.
+$name AS MATERIALIZED (
+    SELECT id, state
+      FROM todos
+     WHERE id = ANY (ARRAY(SELECT unnest(parents) FROM todos
+                            WHERE id IN (SELECT id FROM $todos) AND parents IS NOT NULL))
+       AND id NOT IN (SELECT id FROM $todos)
+     ORDER BY id
+       FOR SHARE
+)
+
+-- fragment: waiting_again(todo, back, parent)
+-- How many parents the todo `todo` (an id) waits for as it is brought back: those brought back
+-- with it (`back`, a SELECT of ids), and of its other parents (`parent`, parents_shared) those
+-- neither done nor failed.
+(SELECT count(*)
+   FROM unnest(coalesce((SELECT t.parents FROM todos AS t WHERE t.id = $todo), '{}'))
+        AS edge (id)
+  WHERE edge.id IN ($back)
+     OR edge.id IN (SELECT id FROM $parent WHERE state IN ('pending', 'claimed')))
+
+-- fragment: revived(requeued)
+-- The "revived_set", "revived_parent" and "revived" CTEs: the todos cancelled because a todo of
+-- `requeued` (just brought back) failed, and in turn those cancelled because they were
+-- (result "ParentFailed", its "parent"), pending again with a fresh attempt budget, waiting
+-- again for their parents not done (waiting_again): blocked, or due now.
+revived_set AS MATERIALIZED (
+    WITH RECURSIVE below (id, children) AS (
+        SELECT child.id, child.children
+          FROM $requeued
+         CROSS JOIN LATERAL unnest($requeued.children) AS edge (id)
+          JOIN todos AS child ON child.id = edge.id
+         WHERE child.state = 'failed' AND child.result ->> 'type' = 'ParentFailed'
+           AND child.result ->> 'parent' = $requeued.id
+        UNION
+        SELECT child.id, child.children
+          FROM below
+         CROSS JOIN LATERAL unnest(below.children) AS edge (id)
+          JOIN todos AS child ON child.id = edge.id
+         WHERE child.state = 'failed' AND child.result ->> 'type' = 'ParentFailed'
+           AND child.result ->> 'parent' = below.id
+    )
+    SELECT DISTINCT id FROM below
+),
+revived_back AS MATERIALIZED (
+    SELECT id FROM revived_set UNION SELECT id FROM $requeued
+),
+{{parents_shared(revived_parent, revived_back)}},
+revived AS (
+UPDATE todos
+   SET state = 'pending', attempt = 0, owner = NULL, lease_expires_at = NULL, result = NULL,
+       completed_at = NULL, updated_at = now(),
+       waiting_for = {{waiting_again(revived_set.id, SELECT id FROM revived_back, revived_parent)}},
+       next_retry_at = CASE WHEN {{waiting_again(revived_set.id, SELECT id FROM revived_back, revived_parent)}} > 0
+                            THEN {{blocked}} ELSE now() END
+  FROM revived_set
+ WHERE todos.id = revived_set.id AND todos.state = 'failed'
+RETURNING todos.queue, todos.next_retry_at
+)
+
+-- fragment: blocked
+-- The next_retry_at of a todo that waits for others: later than any claim will look, and
+-- still a date Python can read (year 9999, not 'infinity').
+'9999-01-01 00:00:00+00'::timestamptz
+
+-- fragment: children_seen(todo)
+-- `todo` (the row a statement is about to finish) has no children, or the same ones as in this
+-- statement's snapshot. A todo created as its child while the statement waited for the row
+-- lock (the creator locks its parents) is not visible to the statement, which could then not
+-- unblock or settle it: re-checked on the row as it is now, the guard fails, the statement
+-- leaves the row alone, and the manager runs it again, seeing the child. A todo without
+-- children pays the IS NULL test only.
+($todo.children IS NULL
+ OR $todo.children = (SELECT seen.children FROM todos AS seen WHERE seen.id = $todo.id))
+
+-- fragment: unblocked(edges)
+-- The "waiting" and "unblocked" CTEs: each todo named by a `child_id` of `edges` (a FROM item,
+-- one row per parent of it that just finished: done, or a dead letter it runs anyway after)
+-- counts that many parents fewer, and one left with none becomes due now, claimable as a new
+-- todo is. The children are locked in id order first, so that two statements finishing parents
+-- of the same children never deadlock; of 8 parents of one child finishing at once, each
+-- decrement sees the one before. Their state is tested on the rows as they are now (in SET,
+-- not in the scans), so that a child a concurrent requeue has just brought back is counted.
+waiting AS MATERIALIZED (
+    SELECT id
+      FROM todos
+     WHERE id = ANY (ARRAY(SELECT child_id FROM $edges))
+     ORDER BY id
+       FOR NO KEY UPDATE
+),
+unblocked AS (
+    UPDATE todos AS child
+       SET waiting_for = CASE WHEN child.state = 'pending' AND child.waiting_for > 0
+                              THEN child.waiting_for - edge.count ELSE child.waiting_for END,
+           next_retry_at = CASE WHEN child.state = 'pending' AND child.waiting_for > 0
+                                 AND child.waiting_for - edge.count <= 0 THEN now()
+                                ELSE child.next_retry_at END,
+           updated_at = now()
+      FROM (SELECT child_id, count(*) AS count FROM $edges GROUP BY child_id) AS edge
+     WHERE child.id = edge.child_id AND child.id IN (SELECT id FROM waiting)
+    RETURNING child.id, child.queue, child.state, child.waiting_for, child.next_retry_at
+)
+
+-- fragment: parent_failed(parent)
+-- The result and error of a todo that was cancelled because `parent`, which it waited for (or
+-- waited for through others), ended as a dead letter; requeue reads "parent" back.
+jsonb_build_object('type', 'ParentFailed', 'parent', $parent,
+    'message', 'Todo ' || $parent || ', which this todo waited for, ended as a dead letter.')
+
+-- fragment: settled(fallen)
+-- The "lost", "held_below", "cancelled_below", "waiting" and "unblocked" CTEs: what becomes of
+-- the todos waiting for those of `fallen` (a FROM item of rows with id and children, just made
+-- dead letters). Each that is to be cancelled with its parent (on_parent_failure 'cancel')
+-- becomes a dead letter saying which parent failed, and so do, in turn, those waiting for it;
+-- each that runs anyway counts the failed parent as finished (unblocked). All of them are
+-- locked in id order first.
+lost AS MATERIALIZED (
+    WITH RECURSIVE below (id, children, parent) AS (
+        SELECT child.id, child.children, gone.id
+          FROM (SELECT id, children FROM $fallen) AS gone
+         CROSS JOIN LATERAL unnest(gone.children) AS edge (id)
+          JOIN todos AS child ON child.id = edge.id
+         WHERE child.state = 'pending' AND child.on_parent_failure = 'cancel'
+        UNION
+        SELECT child.id, child.children, below.id
+          FROM below
+         CROSS JOIN LATERAL unnest(below.children) AS edge (id)
+          JOIN todos AS child ON child.id = edge.id
+         WHERE child.state = 'pending' AND child.on_parent_failure = 'cancel'
+    )
+    SELECT DISTINCT ON (id) id, children, parent FROM below ORDER BY id, parent
+),
+spared AS MATERIALIZED (
+    SELECT child.id AS child_id
+      FROM (SELECT id, children FROM $fallen UNION ALL SELECT id, children FROM lost) AS gone
+     CROSS JOIN LATERAL unnest(gone.children) AS edge (id)
+      JOIN todos AS child ON child.id = edge.id
+     WHERE child.on_parent_failure = 'run_anyway'
+),
+held_below AS MATERIALIZED (
+    SELECT id
+      FROM todos
+     WHERE id = ANY (ARRAY(SELECT id FROM lost UNION SELECT child_id FROM spared))
+     ORDER BY id
+       FOR NO KEY UPDATE
+),
+cancelled_below AS (
+    UPDATE todos
+       SET state = 'failed', next_retry_at = NULL, completed_at = now(), updated_at = now(),
+           result = {{parent_failed(lost.parent)}},
+           errors = {{errors_with(NULL, {{parent_failed(lost.parent)}})}},
+           errors_dropped = {{errors_dropped_with}}
+      FROM lost
+     WHERE todos.id = lost.id AND todos.id IN (SELECT id FROM held_below)
+       AND todos.state = 'pending'
+    RETURNING todos.id, todos.awaited
+),
+{{unblocked(spared)}}
+
 -- fragment: unless_key_held
 -- An insert skips a todo whose (queue, idempotency_key) a live todo holds (idx_todos_dedupe).
 ON CONFLICT (queue, idempotency_key)
@@ -198,6 +382,17 @@ notified AS (
 -- fragment: notified_per_queue(claimable)
 -- The "notified" CTE of a statement that changes many rows: one notification per queue.
 {{notified((SELECT DISTINCT queue FROM $claimable) AS claimable)}}
+
+-- fragment: finished(ended)
+-- The "finished" CTE: tells whoever waits for one of the todos of `ended` (a FROM item of todos
+-- that just became done or failed, with id and awaited) that it ended: NOTIFY
+-- switchboard_todos_done with its id, only for a todo someone marked awaited (wait_for), so that
+-- the others cost nothing but the test. Like "notified", it runs because the final query
+-- references it.
+finished AS (
+    SELECT pg_notify('switchboard_todos_done', id)
+      FROM $ended
+)
 
 -- fragment: errors_with(owner, error)
 -- The failure history (`errors`) with one more entry: the attempt that ended, who held it, when
@@ -303,6 +498,49 @@ SELECT *, false AS created
    AND {{live(state)}}
    AND NOT EXISTS (SELECT FROM inserted);
 
+-- name: create_child
+-- Insert a pending todo %(id)s that waits for the todos %(parents)s, or return the live todo that
+-- already holds (queue, idempotency_key). The parents are locked and read as they are now
+-- (parents_locked): the todo waits for those neither done nor failed, and is not claimable
+-- while it waits (next_retry_at in the year 9999, the "blocked" fragment: at the end of
+-- idx_todos_scheduled, where no claim's scan of due todos reaches). Once inserted, it is added
+-- to each parent's children. Nothing is written when a parent is missing or a dead letter: the
+-- manager says which. Without %(max_attempts)s, the queue's default (max_attempts_of).
+WITH {{parents_locked(%(parents)s::text[])}},
+waiting AS MATERIALIZED (
+    SELECT {{waited(parent)}} AS count
+      FROM parent
+    HAVING {{usable(parent, %(parents)s::text[])}}
+),
+inserted AS (
+    INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
+                       assignee, max_attempts, priority, concurrency_key, parents, waiting_for,
+                       on_parent_failure, next_retry_at)
+    SELECT %(id)s, %(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
+           %(idempotency_key)s, %(assignee)s,
+           {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
+           %(priority)s, %(concurrency_key)s, %(parents)s::text[], waiting.count,
+           %(on_parent_failure)s, CASE WHEN waiting.count > 0 THEN {{blocked}} END
+      FROM waiting
+    {{unless_key_held}}
+    RETURNING *
+),
+linked AS (
+    UPDATE todos
+       SET children = coalesce(todos.children, '{}') || inserted.id, updated_at = now()
+      FROM inserted
+     WHERE todos.id IN (SELECT id FROM parent)
+),
+{{notified(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
+SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
+UNION ALL
+SELECT *, false AS created
+  FROM todos
+ WHERE queue = %(queue)s
+   AND idempotency_key = %(idempotency_key)s
+   AND {{live(state)}}
+   AND NOT EXISTS (SELECT FROM inserted);
+
 -- name: create_many
 -- Insert many pending todos at once; return the inserted rows and the live rows that hold keys.
 -- A row's max_attempts may be NULL: that todo takes its queue's default (max_attempts_of).
@@ -325,6 +563,70 @@ inserted AS (
       FROM batch
     {{unless_key_held}}
     RETURNING *
+),
+{{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
+SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
+UNION ALL
+SELECT todos.*, false AS created
+  FROM todos
+  JOIN batch ON todos.queue = batch.queue AND todos.idempotency_key = batch.idempotency_key
+ WHERE {{live(todos.state)}}
+   AND batch.id NOT IN (SELECT id FROM inserted);
+
+-- name: create_graph
+-- Insert many todos, some waiting for others of the batch or for existing todos: the whole
+-- batch or nothing (the manager runs it in a transaction, and rolls it back when a member's key
+-- is held by a live todo). Each row gives its parents (JSON arrays of ids), how many of them
+-- are members (new, so not done), its children among the members, and its policy. The
+-- existing parents, %(existing)s, are locked and read as they are now, as create_child does;
+-- nothing is inserted when one is missing or a dead letter. A row without max_attempts takes
+-- its queue's default (max_attempts_of).
+WITH batch AS (
+    SELECT *
+      FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
+                  %(titles)s::text[], %(payloads)s::jsonb[], %(event_ids)s::text[],
+                  %(idempotency_keys)s::text[], %(assignees)s::text[], %(max_attempts)s::int[],
+                  %(priorities)s::smallint[], %(concurrency_keys)s::text[],
+                  %(parents)s::jsonb[], %(members_waited)s::int[], %(children)s::jsonb[],
+                  %(policies)s::text[])
+           AS row (id, queue, source, kind, title, payload, event_id, idempotency_key,
+                   assignee, max_attempts, priority, concurrency_key, parents, members_waited,
+                   children, policy)
+),
+{{parents_locked(%(existing)s::text[])}},
+usable AS MATERIALIZED (
+    SELECT {{usable(parent, %(existing)s::text[])}} AS ok
+      FROM parent
+),
+inserted AS (
+    INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
+                       assignee, max_attempts, priority, concurrency_key, parents, waiting_for,
+                       on_parent_failure, children, next_retry_at)
+    SELECT batch.id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
+           {{max_attempts_of(batch.max_attempts, batch.queue)}}, priority, concurrency_key,
+           nullif(ARRAY(SELECT jsonb_array_elements_text(batch.parents)), '{}'),
+           members_waited + waiting.existing, policy,
+           nullif(ARRAY(SELECT jsonb_array_elements_text(batch.children)), '{}'),
+           CASE WHEN members_waited + waiting.existing > 0 THEN {{blocked}} END
+      FROM batch
+     CROSS JOIN LATERAL (
+            SELECT {{waited(parent)}} AS existing
+              FROM parent
+             WHERE parent.id IN (SELECT jsonb_array_elements_text(batch.parents))
+           ) AS waiting
+     WHERE (SELECT ok FROM usable)
+    {{unless_key_held}}
+    RETURNING *
+),
+linked AS (
+    UPDATE todos
+       SET children = coalesce(todos.children, '{}') || new.children, updated_at = now()
+      FROM (SELECT edge.parent_id, array_agg(inserted.id ORDER BY inserted.id) AS children
+              FROM inserted
+             CROSS JOIN LATERAL unnest(inserted.parents) AS edge (parent_id)
+             WHERE edge.parent_id IN (SELECT id FROM parent)
+             GROUP BY edge.parent_id) AS new
+     WHERE todos.id = new.parent_id
 ),
 {{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
 SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
@@ -519,6 +821,15 @@ claimed AS (
 {{counted}}
 SELECT * FROM claimed;
 
+-- name: await_todo
+-- Mark todo %(todo_id)s awaited while it is pending or claimed, so that the statement ending it
+-- notifies its end (finished); no row when it has ended already, or does not exist. Its row lock
+-- orders it with that statement: marked first, the end sees the mark; ended first, no row.
+UPDATE todos
+   SET awaited = true
+ WHERE id = %(todo_id)s AND state IN ('pending', 'claimed')
+RETURNING id;
+
 -- name: heartbeat
 -- Extend the lease of a todo the owner still holds (lease_end), and keep %(progress)s as its
 -- latest progress note (none given: the last one stays). Guard: claimed, same owner.
@@ -556,25 +867,52 @@ SELECT todos.id, todos.id IN (SELECT id FROM extended) AS extended,
    AND (todos.state = 'claimed' OR {{cancelled_hold(todos)}});
 
 -- name: complete
--- Mark a todo done with its result. Guard: claimed, same owner.
+-- Mark a todo done with its result, and unblock the todos waiting for it (their last parent
+-- done, they are claimable now, in the same statement). Guard: claimed, same owner.
+WITH completed AS (
 UPDATE todos
    SET state = 'done', result = %(result)s::jsonb, lease_expires_at = NULL,
        completed_at = now(), updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
-RETURNING *;
+   AND {{children_seen(todos)}}
+RETURNING *
+),
+{{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge)}},
+{{notified_per_queue(unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)}},
+{{finished(completed WHERE awaited)}}
+SELECT * FROM completed
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
 -- name: complete_many
--- Mark many todos done, each with its own result; returns the ids the owner still held.
+-- Mark many todos done, each with its own result, and unblock the todos waiting for them;
+-- returns the ids completed, and (done false) those still held that were left alone because a
+-- child of theirs appeared meanwhile (children_seen: the manager runs them again), read only
+-- when something was left alone.
+WITH completed AS (
 UPDATE todos
    SET state = 'done', result = batch.result, lease_expires_at = NULL,
        completed_at = now(), updated_at = now()
   FROM unnest(%(ids)s::text[], %(results)s::jsonb[]) AS batch (id, result)
  WHERE todos.id = batch.id AND todos.state = 'claimed' AND todos.owner = %(owner)s
-RETURNING todos.id;
+   AND {{children_seen(todos)}}
+RETURNING todos.id, todos.children, todos.awaited
+),
+{{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge)}},
+{{notified_per_queue(unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)}},
+{{finished(completed WHERE awaited)}}
+SELECT id, true AS done FROM completed
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0
+UNION ALL
+SELECT id, false AS done
+  FROM todos
+ WHERE (SELECT count(*) FROM completed) < cardinality(%(ids)s::text[])
+   AND id = ANY (%(ids)s::text[]) AND state = 'claimed' AND owner = %(owner)s
+   AND id NOT IN (SELECT id FROM completed);
 
 -- name: fail
--- Record a failed attempt: back to pending after a backoff below the cap, dead letter at it.
--- %(delays)s is the backoff schedule, one entry per attempt; the last entry repeats.
+-- Record a failed attempt: back to pending after a backoff below the cap, dead letter at it,
+-- settling the todos that wait for it (settled). %(delays)s is the backoff schedule, one entry
+-- per attempt; the last entry repeats.
 WITH failed AS (
 UPDATE todos
    SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
@@ -591,10 +929,14 @@ UPDATE todos
        completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+   AND {{children_seen(todos)}}
 RETURNING *
 ),
-{{notified(failed WHERE state = 'pending' AND next_retry_at <= now() AND %(notify)s)}}
-SELECT * FROM failed WHERE (SELECT count(*) FROM notified) >= 0;
+{{settled(failed WHERE state = 'failed')}},
+{{notified((SELECT queue FROM failed WHERE state = 'pending' AND next_retry_at <= now() UNION SELECT queue FROM unblocked WHERE state = 'pending' AND waiting_for <= 0) AS woken WHERE %(notify)s)}},
+{{finished((SELECT id, awaited FROM failed WHERE state = 'failed' UNION ALL SELECT id, awaited FROM cancelled_below) AS ended WHERE awaited)}}
+SELECT * FROM failed
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
 -- name: release
 -- Give the lease back without using up an attempt; claimable again after %(delay)s (zero: at
@@ -616,13 +958,13 @@ SELECT * FROM released WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: reap_expired
 -- Return up to %(limit)s lapsed leases to pending, the longest lapsed first, or dead-letter them
--- when their attempts are used up: one bounded batch, which the reaper repeats while batches
--- come back full. Rows another session is transitioning right now are skipped, so reapers
+-- when their attempts are used up (settling the todos that wait for them): one bounded batch,
+-- which the reaper repeats while batches come back full. Rows another session is transitioning right now are skipped, so reapers
 -- never block or race.
 WITH lapsed AS (
     SELECT id
       FROM todos
-     WHERE state = 'claimed' AND lease_expires_at <= now()
+     WHERE state = 'claimed' AND lease_expires_at <= now() AND {{children_seen(todos)}}
      ORDER BY lease_expires_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -640,29 +982,37 @@ reaped AS (
            updated_at = now()
       FROM lapsed
      WHERE todos.id = lapsed.id
-    RETURNING todos.id, todos.state, todos.queue
+    RETURNING todos.id, todos.state, todos.queue, todos.children, todos.awaited
 ),
-{{notified_per_queue(reaped WHERE state = 'pending' AND %(notify)s)}}
+{{settled(reaped WHERE state = 'failed')}},
+{{finished((SELECT id, awaited FROM reaped WHERE state = 'failed' UNION ALL SELECT id, awaited FROM cancelled_below) AS ended WHERE awaited)}},
+{{notified_per_queue((SELECT queue, state FROM reaped UNION ALL SELECT queue, state FROM unblocked WHERE waiting_for <= 0) AS woken WHERE state = 'pending' AND %(notify)s)}}
 SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
        count(*) FILTER (WHERE state = 'failed') AS dead_lettered,
        coalesce(array_agg(id), '{}') AS ids
   FROM reaped
- WHERE (SELECT count(*) FROM notified) >= 0;
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
 -- name: requeue
--- Operator redrive: dead letters in %(ids)s back to pending with a fresh attempt budget.
--- Guard: failed, and no live todo holds its idempotency key (else idx_todos_dedupe would fail);
--- of several dead letters in %(ids)s sharing a key, only the newest goes back.
+-- Operator redrive: dead letters in %(ids)s back to pending with a fresh attempt budget, and
+-- with them the todos that were cancelled because they failed (revived). Each that waits for
+-- others waits again for those not done (waiting_again): blocked until then. Guard: failed,
+-- and no live todo holds its idempotency key (else idx_todos_dedupe would fail); of several
+-- dead letters in %(ids)s sharing a key, only the newest goes back.
 WITH wanted AS (
     SELECT DISTINCT ON (queue, coalesce(idempotency_key, id)) id
       FROM todos
      WHERE id = ANY (%(ids)s::text[]) AND state = 'failed'
      ORDER BY queue, coalesce(idempotency_key, id), created_at DESC, id
 ),
+{{parents_shared(wanted_parent, wanted)}},
 requeued AS (
 UPDATE todos
-   SET state = 'pending', attempt = 0, next_retry_at = NULL, owner = NULL,
-       lease_expires_at = NULL, completed_at = NULL, updated_at = now()
+   SET state = 'pending', attempt = 0, owner = NULL, lease_expires_at = NULL,
+       completed_at = NULL, updated_at = now(),
+       waiting_for = {{waiting_again(wanted.id, SELECT id FROM wanted, wanted_parent)}},
+       next_retry_at = CASE WHEN {{waiting_again(wanted.id, SELECT id FROM wanted, wanted_parent)}} > 0
+                            THEN {{blocked}} END
   FROM wanted
  WHERE todos.id = wanted.id AND todos.state = 'failed'
    AND NOT EXISTS (
@@ -672,7 +1022,8 @@ UPDATE todos
            AND {{live(live.state)}})
 RETURNING todos.*
 ),
-{{notified(requeued WHERE %(notify)s)}}
+{{revived(requeued)}},
+{{notified((SELECT queue FROM requeued WHERE next_retry_at IS NULL UNION SELECT queue FROM revived WHERE next_retry_at <= now()) AS woken WHERE %(notify)s)}}
 SELECT * FROM requeued WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: expire_lease
@@ -690,8 +1041,10 @@ SELECT * FROM expired WHERE (SELECT count(*) FROM notified) >= 0;
 -- name: cancel
 -- Operator cancel: the pending or claimed todos in %(ids)s become dead letters, %(reason)s
 -- recorded as the result and in the failure history (with the attempt it ended, for a claimed
--- one). A claimed todo's lease ends, and it keeps its owner (cancelled_hold): the holder's next
--- heartbeat, complete, fail or release is told it was cancelled. Guard: pending or claimed.
+-- one), and the todos that wait for them are settled (settled). A claimed todo's lease ends,
+-- and it keeps its owner (cancelled_hold): the holder's next heartbeat, complete, fail or
+-- release is told it was cancelled. Guard: pending or claimed.
+WITH dead AS (
 UPDATE todos
    SET state = 'failed',
        next_retry_at = NULL,
@@ -702,7 +1055,14 @@ UPDATE todos
        completed_at = now(),
        updated_at = now()
  WHERE id = ANY (%(ids)s::text[]) AND state IN ('pending', 'claimed')
-RETURNING *;
+   AND {{children_seen(todos)}}
+RETURNING *
+),
+{{settled(dead)}},
+{{notified_per_queue(unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)}},
+{{finished((SELECT id, awaited FROM dead UNION ALL SELECT id, awaited FROM cancelled_below) AS ended WHERE awaited)}}
+SELECT * FROM dead
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
 -- name: set_priority
 -- Operator reprioritisation: the pending todos in %(ids)s get priority %(priority)s. Guard:

@@ -18,6 +18,7 @@ COLUMNS = [
     ("queue", "queue"),
     ("ready", "ready"),
     ("scheduled", "waiting"),
+    ("blocked", "blocked"),
     ("claimed", "claimed"),
     ("lease_expired", "expired"),
     ("done_recently", "done 24h"),
@@ -28,7 +29,8 @@ COLUMNS = [
 
 class Command(OperatorCommand):
     help = (
-        "Print each queue's health: todos ready to claim, waiting for a retry, claimed (lease "
+        "Print each queue's health: todos ready to claim, waiting for a retry, blocked (waiting "
+        "for other todos), claimed (lease "
         "valid), claimed with an expired lease, done in the last 24 hours, dead letters, and the "
         "age of the oldest ready todo; then who holds back vacuum (the xmin horizon) and the "
         "todos table's dead rows, with warnings; for each database that holds todos. Cheap "
