@@ -6,7 +6,9 @@ import subprocess
 import sys
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from bench.__main__ import SCENARIOS
 from tests.conftest import ROOT, database_url
@@ -85,3 +87,39 @@ def test_every_scenario_runs_and_prints_its_ratios(subprocess_env: dict[str, Any
         [line] = [line for line in printed if scenario in line]
         ratio = line.strip("|").split("|")[3]
         assert float(ratio.split()[0]) > 0, line
+
+
+def test_a_scratch_database_of_another_version_is_made_again(
+    subprocess_env: dict[str, Any],
+) -> None:
+    """A benchmark database whose recorded migrations this code lacks is dropped and migrated.
+
+    A CI machine keeps its databases between runs; one run's migration renamed by the next
+    made `migrate` add a column that was already there, and the smoke run failed before it began.
+    """
+    url = f"{database_url()}_stale"
+    configure = [sys.executable, "-c", "from bench.setup import configure; configure()"]
+    env = {**subprocess_env, "BENCH_DATABASE_URL": url}
+    try:
+        subprocess.run(configure, cwd=ROOT, env=env, check=True, timeout=120)
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute(
+                "UPDATE django_migrations SET name = '0013_renamed_since'"
+                " WHERE app = 'switchboard_todos' AND name = '0013_dependencies'"
+            )
+        result = subprocess.run(
+            configure, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        with psycopg.connect(url) as connection:
+            names = connection.execute(
+                "SELECT name FROM django_migrations WHERE app = 'switchboard_todos'"
+            ).fetchall()
+        assert ("0013_dependencies",) in names
+        assert ("0013_renamed_since",) not in names
+    finally:
+        server, _, name = url.rpartition("/")
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
