@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import multiprocessing
+import os
 import statistics
 import threading
 import time
@@ -34,6 +35,9 @@ QUEUE = "bench"
 TTL = 300
 #: How often the parent looks at the children's counters while a run goes on.
 _TICK = 0.002
+#: How often a Worker's watcher publishes its count: a thread that woke every _TICK in each of
+#: 8 processes took CPU from the workers it measures; the run's end is seen up to this late.
+_REPORT_EVERY = 0.01
 
 
 class BenchError(RuntimeError):
@@ -122,6 +126,55 @@ def table(rows: Iterable[Row]) -> str:
     )
 
 
+# CPU
+
+
+@dataclass(frozen=True)
+class Cost:
+    """CPU seconds per todo of a run: PostgreSQL's processes, and the benchmark's children."""
+
+    server: float
+    client: float
+
+
+def _cpu(pid: int | str, *, children: bool = False) -> float:
+    """User + system CPU seconds of process `pid` (with `children`, of its reaped children too)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:  # gone, or no /proc: counts nothing
+        return 0.0
+    # utime, stime, cutime, cstime are fields 14-17 of proc(5); [0] here is field 3.
+    ticks = sum(int(value) for value in fields[11 : 15 if children else 13])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu() -> float:
+    """CPU seconds of the local PostgreSQL so far: its live processes, and through the
+    postmaster's reaped children, the backends that have exited (0 for a remote server)."""
+    total = 0.0
+    with contextlib.suppress(OSError):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/comm") as comm:
+                    if comm.read().strip() != "postgres":
+                        continue
+                with open(f"/proc/{pid}/stat") as stat:
+                    parent = stat.read().rpartition(")")[2].split()[1]
+            except OSError:
+                continue
+            total += _cpu(pid, children=not _is_postgres(parent))
+    return total
+
+
+def _is_postgres(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip() == "postgres"
+    except OSError:
+        return False
+
+
 # Worker processes
 
 
@@ -169,7 +222,7 @@ def run_worker(
     worker = Worker(queues, ttl=TTL, **options)
 
     def report() -> None:
-        while not child.stop.wait(_TICK):
+        while not child.stop.wait(_REPORT_EVERY):
             child.set_count(worker.stats.done)
         worker.stop()
 
@@ -227,6 +280,10 @@ class Pool:
     @property
     def size(self) -> int:
         return len(self._processes)
+
+    def cpu(self) -> float:
+        """CPU seconds the worker processes have used so far."""
+        return sum(_cpu(process.pid) for process in self._processes if process.pid)
 
     def run(
         self,
@@ -383,6 +440,9 @@ class Bench:
     pool: Pool
     workers: tuple[int, ...]
     rows: list[Row] = field(default_factory=list)
+    #: Each side's CPU per todo in the rounds of the last `interleave`, for the next row.
+    costs: dict[str, list[Cost]] = field(default_factory=dict)
+    _cost: Cost | None = None
 
     def size(self, full: T, smoke: T) -> T:
         return smoke if self.smoke else full
@@ -391,24 +451,42 @@ class Bench:
         """Run each side once per round, the order rotating each round; per-side figures."""
         names = list(sides)
         figures: dict[str, list[float]] = {name: [] for name in names}
+        self.costs = {}
         for number in range(self.rounds):
             shift = number % len(names)
             for name in names[shift:] + names[:shift]:
+                self._cost = None
                 figures[name].append(sides[name]())
+                if self._cost is not None:
+                    self.costs.setdefault(name, []).append(self._cost)
         return figures
 
     def drain(self, task: Callable[..., Any], workers: int, backlog: int, **kwargs: Any) -> float:
         """Fill a backlog and drain it with `task` in `workers` processes; todos per second."""
         reset(backlog)
+        server, client = server_cpu(), self.pool.cpu()
         seconds, _ = self.pool.run(
             task, [{"owner": f"bench-{index}", **kwargs} for index in range(workers)], backlog
         )
+        self._cost = Cost((server_cpu() - server) / backlog, (self.pool.cpu() - client) / backlog)
         expect_states({"done": backlog}, f"{task.__module__}.{task.__name__}")
         return backlog / seconds
 
     def add(self, row: Row) -> None:
+        """Add a row; one of `ours` against `raw` drains says what each cost per todo."""
+        ours, raw = self.costs.get("ours"), self.costs.get("raw")
+        if ours and raw and not row.note and ours[0].server:
+            row.note = (
+                f"CPU per todo: server {_micro(ours, 'server')} vs {_micro(raw, 'server')} µs, "
+                f"client {_micro(ours, 'client')} vs {_micro(raw, 'client')} µs"
+            )
+        self.costs = {}
         self.rows.append(row)
         print(table([row]).splitlines()[-1], flush=True)
+
+
+def _micro(costs: list[Cost], side: str) -> str:
+    return f"{statistics.median(getattr(cost, side) for cost in costs) * 1e6:.0f}"
 
 
 def plural(count: int, noun: str) -> str:

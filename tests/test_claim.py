@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models.signals import post_init
+
 from switchboard_todos.marks import marks
 from switchboard_todos.models import Queue, State, Todo
 from tests.helpers import MakeTodo
@@ -143,3 +145,37 @@ def lease_of(todo: Todo, since: datetime | None) -> timedelta:
     """How long a todo's lease runs from `since` (the claim's or the heartbeat's now())."""
     assert todo.lease_expires_at is not None and since is not None
     return todo.lease_expires_at - since
+
+
+def test_a_claimed_todo_is_the_todo_the_orm_reads(make_todo: MakeTodo) -> None:
+    """The instances a statement returns are built without Model.__init__ (managers.py,
+    `_instances`): every field as the ORM reads it, saved as an existing row."""
+    make_todo(payload={"n": [1, "two"]}, priority=3, concurrency_key="k")
+    [claimed] = Todo.objects.claim_batch("default", "w1", 30, limit=1)
+    read = Todo.objects.get(pk=claimed.pk)
+    for field in Todo._meta.concrete_fields:
+        assert getattr(claimed, field.attname) == getattr(read, field.attname), field.name
+    assert (claimed._state.adding, claimed._state.db) == (False, "default")
+    assert claimed == read
+    claimed.title = "renamed"
+    claimed.save(update_fields=["title"])
+    assert Todo.objects.get(pk=claimed.pk).title == "renamed"
+    assert Todo.objects.count() == 1
+
+
+def test_a_post_init_receiver_sees_every_claimed_todo(make_todo: MakeTodo) -> None:
+    """With a pre_init or post_init receiver the statements build todos through Model.from_db,
+    so the receiver runs for each."""
+    made = {make_todo().id, make_todo().id}
+    seen: list[str] = []
+
+    def receiver(sender: type[Todo], instance: Todo, **kwargs: Any) -> None:
+        seen.append(instance.id)
+
+    post_init.connect(receiver, sender=Todo)
+    try:
+        claimed = Todo.objects.claim_batch("default", "w1", 30, limit=10)
+    finally:
+        post_init.disconnect(receiver, sender=Todo)
+    assert {todo.id for todo in claimed} == made
+    assert sorted(seen) == sorted(made)

@@ -165,6 +165,22 @@ def test_complete_many(make_todo: MakeTodo) -> None:
     assert Todo.objects.complete_many("w1", {}) == []
 
 
+def test_complete_many_sends_ids_and_results_as_they_are(make_todo: MakeTodo) -> None:
+    """The ids and results travel as one JSON object: quotes, backslashes and non-ASCII text
+    arrive unchanged, None stores no result and a JSON string "null" stays a string."""
+    results: dict[str, Any] = {
+        'quote " and \\ back': None,
+        "é ✓ 😀": {"text": 'a "quoted" \\ line\n', "list": [1, None, 2.5]},
+        "plain": "null",
+    }
+    for todo_id in results:
+        make_todo(id=todo_id, state=State.CLAIMED)
+    assert sorted(Todo.objects.complete_many("w1", results)) == sorted(results)
+    stored = dict(Todo.objects.values_list("id", "result"))
+    assert stored == results
+    assert Todo.objects.filter(result__isnull=True).count() == 1
+
+
 def test_fail_below_the_cap_waits_for_a_retry(make_todo: MakeTodo, settings: Any) -> None:
     """A failure with attempts left is pending again after the backoff, error recorded."""
     settings.SWITCHBOARD_TODOS_BACKOFF_BASE = 60

@@ -67,24 +67,43 @@ SELECT * FROM (
 ) AS scan
 
 -- fragment: picked
--- The "picked" CTE of a claim: of the candidates of its ready, due and lapsed scans, the first
--- %(limit)s by priority, then claimable time, taking one todo at most per concurrency key and
--- no more from a queue than its room (the "room" CTE); with %(max_held)s, only as many as
--- bring the todos %(owner)s holds up to it (counted only then, on idx_todos_held). `in_queue`
--- numbers each queue's picks in claim order.
+-- The "first_per_key" and "picked" CTEs of a claim: of the candidates of its ready, due and
+-- lapsed scans, the first %(limit)s by priority, then claimable time, taking one todo at most
+-- per concurrency key and no more from a queue than its room (the "room" CTE); with
+-- %(max_held)s, only as many as bring the todos %(owner)s holds up to it (counted only then, on
+-- idx_todos_held). `in_queue` numbers the picks of each queue in the room CTE in claim order
+-- (NULL elsewhere). The candidates without a key, and those of queues nothing limits, skip the
+-- window that would number them: the common claim sorts its candidates once.
+first_per_key AS MATERIALIZED (
+    SELECT id, queue, priority, claimable_at
+      FROM (SELECT * FROM ready UNION ALL SELECT * FROM due UNION ALL SELECT * FROM lapsed)
+           AS claimable
+     WHERE concurrency_key IS NULL
+    UNION ALL
+    SELECT id, queue, priority, claimable_at
+      FROM (SELECT *, row_number() OVER (PARTITION BY concurrency_key
+                                         ORDER BY priority DESC, claimable_at) AS nth
+              FROM (SELECT * FROM ready UNION ALL SELECT * FROM due
+                    UNION ALL SELECT * FROM lapsed) AS claimable
+             WHERE concurrency_key IS NOT NULL
+           ) AS keyed
+     WHERE nth = 1
+),
 picked AS MATERIALIZED (
     SELECT id, queue, priority, claimable_at, in_queue
-      FROM (SELECT *, row_number() OVER (PARTITION BY queue
-                                         ORDER BY priority DESC, claimable_at) AS in_queue
-              FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(concurrency_key, id)
-                                                 ORDER BY priority DESC, claimable_at) AS nth
-                      FROM (SELECT * FROM ready UNION ALL SELECT * FROM due
-                            UNION ALL SELECT * FROM lapsed) AS claimable
-                   ) AS first_per_key
-             WHERE nth = 1
+      FROM (SELECT *, NULL::bigint AS in_queue
+              FROM first_per_key
+             WHERE queue NOT IN (SELECT queue FROM room)
+            UNION ALL
+            SELECT *
+              FROM (SELECT *, row_number() OVER (PARTITION BY queue
+                                                 ORDER BY priority DESC, claimable_at) AS in_queue
+                      FROM first_per_key
+                     WHERE queue IN (SELECT queue FROM room)
+                   ) AS limited
+             WHERE in_queue <= coalesce((SELECT room.room FROM room
+                                          WHERE room.queue = limited.queue), in_queue)
            ) AS per_queue
-     WHERE in_queue <= coalesce((SELECT room.room FROM room WHERE room.queue = per_queue.queue),
-                                in_queue)
      ORDER BY priority DESC, claimable_at
      LIMIT (SELECT CASE WHEN %(max_held)s::int IS NULL THEN %(limit)s::int
                    ELSE greatest(0, least(%(limit)s::int, %(max_held)s::int - (
@@ -887,12 +906,13 @@ SELECT * FROM completed
 -- Mark many todos done, each with its own result, and unblock the todos waiting for them;
 -- returns the ids completed, and (done false) those still held that were left alone because a
 -- child of theirs appeared meanwhile (children_seen: the manager runs them again), read only
--- when something was left alone.
+-- when something was left alone. %(results)s is one JSON object, id to result (null: none):
+-- sent as one value, not as two arrays whose every element the client escapes one by one.
 WITH completed AS (
 UPDATE todos
-   SET state = 'done', result = batch.result, lease_expires_at = NULL,
+   SET state = 'done', result = nullif(batch.result, 'null'), lease_expires_at = NULL,
        completed_at = now(), updated_at = now()
-  FROM unnest(%(ids)s::text[], %(results)s::jsonb[]) AS batch (id, result)
+  FROM jsonb_each(%(results)s::jsonb) AS batch (id, result)
  WHERE todos.id = batch.id AND todos.state = 'claimed' AND todos.owner = %(owner)s
    AND {{children_seen(todos)}}
 RETURNING todos.id, todos.children, todos.awaited
@@ -905,8 +925,9 @@ SELECT id, true AS done FROM completed
 UNION ALL
 SELECT id, false AS done
   FROM todos
- WHERE (SELECT count(*) FROM completed) < cardinality(%(ids)s::text[])
-   AND id = ANY (%(ids)s::text[]) AND state = 'claimed' AND owner = %(owner)s
+ WHERE (SELECT count(*) FROM completed) < (SELECT count(*) FROM jsonb_each(%(results)s::jsonb))
+   AND id IN (SELECT jsonb_object_keys(%(results)s::jsonb))
+   AND state = 'claimed' AND owner = %(owner)s
    AND id NOT IN (SELECT id FROM completed);
 
 -- name: fail
