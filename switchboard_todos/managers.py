@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar
@@ -201,10 +201,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
         ids = [new_todo_id() for _ in batch]
         columns = {
-            **self._batch_columns(batch, ids),
-            "run_afters": [p["run_after"] for p in batch],
+            **_batch_rows(batch, ids),
             "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
-            "notify": conf.LISTEN,
         }
         by_id: dict[str, Todo] = {}
         live: dict[tuple[str, str | None], Todo] = {}
@@ -231,11 +229,20 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
         graph = graphs.plan(batch, refs, [new_todo_id() for _ in batch])
         columns = {
-            **self._batch_columns(batch, graph.ids),
-            "parents": [json.dumps(parents) for parents in graph.parents],
-            "members_waited": graph.members_waited,
-            "children": [json.dumps(children) for children in graph.children],
-            "policies": [params["on_parent_failure"] for params in batch],
+            **_batch_rows(
+                batch,
+                graph.ids,
+                [
+                    [parents, waited, children, params["on_parent_failure"]]
+                    for parents, waited, children, params in zip(
+                        graph.parents,
+                        graph.members_waited,
+                        graph.children,
+                        batch,
+                        strict=True,
+                    )
+                ],
+            ),
             "existing": graph.existing,
             "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
         }
@@ -261,24 +268,6 @@ class TodoManager(_TodoManagerBase["Todo"]):
             "batch: todos that wait for each other are created all together or not at all.",
             todo_id="",
         )
-
-    def _batch_columns(self, batch: list[dict[str, Any]], ids: list[str]) -> dict[str, Any]:
-        """The columns of create_many and create_graph, one array each."""
-        return {
-            "ids": ids,
-            "queues": [p["queue"] for p in batch],
-            "sources": [p["source"] for p in batch],
-            "kinds": [p["kind"] for p in batch],
-            "titles": [p["title"] for p in batch],
-            "payloads": [p["payload"] for p in batch],
-            "event_ids": [p["event_id"] for p in batch],
-            "idempotency_keys": [p["idempotency_key"] for p in batch],
-            "assignees": [p["assignee"] for p in batch],
-            "max_attempts": [p["max_attempts"] for p in batch],
-            "priorities": [p["priority"] for p in batch],
-            "concurrency_keys": [p["concurrency_key"] for p in batch],
-            "notify": conf.LISTEN,
-        }
 
     def enqueue_many(self, todos: Iterable[Mapping[str, Any]]) -> int:
         """Enqueue many todos without idempotency keys through COPY; return how many.
@@ -388,8 +377,12 @@ class TodoManager(_TodoManagerBase["Todo"]):
         if self._db is not None:
             groups[self._db] = dict(enumerate(batch))
         else:
+            aliases: dict[str, str] = {}  # the router asked once per queue, not once per row
             for position, params in enumerate(batch):
-                groups.setdefault(placement.database_for(params["queue"]), {})[position] = params
+                queue = params["queue"]
+                if queue not in aliases:
+                    aliases[queue] = placement.database_for(queue)
+                groups.setdefault(aliases[queue], {})[position] = params
         placed = [(self._on_database(alias), rows) for alias, rows in groups.items()]
         for manager, rows in placed:
             manager._known_events(list(rows.values()))
@@ -1133,6 +1126,39 @@ class _Suspending(_Blocking):
 
     async def wait(self, poll: waiting.LongPoll, seconds: float) -> bool:
         return await poll.await_ring(seconds)
+
+
+def _batch_rows(
+    batch: list[dict[str, Any]], ids: list[str], more: list[list[Any]] | None = None
+) -> dict[str, Any]:
+    """The `rows` and `payloads` of create_many and create_graph (batch_rows in sql/todos.sql):
+    each todo's column values, with `more` of its own after them; the payloads are JSON already.
+    """
+    rows = [
+        [
+            todo_id,
+            p["queue"],
+            p["source"],
+            p["kind"],
+            p["title"],
+            p["event_id"],
+            p["idempotency_key"],
+            p["assignee"],
+            p["max_attempts"],
+            p["priority"],
+            p["concurrency_key"],
+            None if p["run_after"] is None else p["run_after"].astimezone(UTC).isoformat(),
+        ]
+        for todo_id, p in zip(ids, batch, strict=True)
+    ]
+    if more is not None:
+        for row, extra in zip(rows, more, strict=True):
+            row += extra
+    return {
+        "rows": json.dumps(rows),
+        "payloads": "[" + ",".join(p["payload"] for p in batch) + "]",
+        "notify": conf.LISTEN,
+    }
 
 
 def _json_object(keys: list[str], texts: list[str | None]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -170,6 +170,47 @@ def test_create_many_in_one_statement(db: None) -> None:
     assert [todo.kind for todo, _ in results] == [f"k{index}" for index in range(50)]
     assert all(created for _, created in results)
     assert Todo.objects.count() == 50
+
+
+def test_create_many_stores_what_create_todo_stores(db: None) -> None:
+    """A batch travels as two JSON values (batch_rows in sql/todos.sql): every column arrives
+    as create_todo stores it, quotes, backslashes, non-ASCII text and time zones included."""
+    later = datetime(2999, 1, 2, 3, 4, 5, 678901, tzinfo=timezone(timedelta(hours=-9, minutes=-30)))
+    specs: list[dict[str, Any]] = [
+        {
+            "queue": "q.x:y",
+            "kind": "k.✓",
+            "title": 'a "title" \\ with\nlines 😀',
+            "source": "src'",
+            "payload": {"n": [1, 2.5, None, True], "s": '"\\', "ü": {}},
+            "idempotency_key": 'key "1"',
+            "assignee": "agent \\ 7",
+            "max_attempts": 7,
+            "priority": -42,
+            "concurrency_key": "ck ✓",
+            "run_after": later,
+        },
+        {"kind": "plain"},
+    ]
+    fields = [
+        "queue", "kind", "title", "source", "payload", "idempotency_key", "assignee",
+        "max_attempts", "priority", "concurrency_key", "next_retry_at", "state",
+    ]  # fmt: skip
+    batch = Todo.objects.create_many(specs)
+    one_by_one = [
+        Todo.objects.create_todo(**{**spec, "queue": f"{spec.get('queue', 'default')}-1"})[0]
+        for spec in specs
+    ]
+    for (made, created), single in zip(batch, one_by_one, strict=True):
+        assert created
+        stored = Todo.objects.get(pk=made.pk)
+        alone = Todo.objects.get(pk=single.pk)
+        for name in fields:
+            expected = getattr(alone, name)
+            if name == "queue":
+                expected = expected.removesuffix("-1")
+            assert getattr(stored, name) == getattr(made, name) == expected, name
+    assert Todo.objects.get(pk=batch[0][0].pk).next_retry_at == later
 
 
 def test_create_many_deduplicates_within_and_across_batches(make_todo: MakeTodo) -> None:

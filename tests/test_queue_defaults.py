@@ -10,8 +10,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from switchboard_todos import queue_settings, schedules
+from switchboard_todos import queue_settings, schedules, validation
 from switchboard_todos.compat import task_backends
+from switchboard_todos.managers import _batch_rows
 from switchboard_todos.models import Queue, Schedule, Todo
 from switchboard_todos.sql import queries
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
@@ -133,21 +134,12 @@ def test_create_todo_reads_the_queue_row_only_without_max_attempts(
 
 
 def test_create_many_reads_the_queue_row_once_per_row_without_max_attempts(strict: Queue) -> None:
-    rows = 4
+    batch = [
+        validation.creation({"queue": "strict", "kind": "k", "max_attempts": attempts})
+        for attempts in (3, None, 3, None)
+    ]
     params: dict[str, Any] = {
-        "ids": [f"td_{n}" for n in range(rows)],
-        "queues": ["strict"] * rows,
-        "sources": [""] * rows,
-        "kinds": ["k"] * rows,
-        "titles": [""] * rows,
-        "payloads": ["{}"] * rows,
-        "event_ids": [None] * rows,
-        "idempotency_keys": [None] * rows,
-        "assignees": [None] * rows,
-        "max_attempts": [3, None, 3, None],
-        "priorities": [0] * rows,
-        "concurrency_keys": [None] * rows,
-        "run_afters": [None] * rows,
+        **_batch_rows(batch, [f"td_{n}" for n in range(len(batch))]),
         "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
         "notify": False,
     }

@@ -264,9 +264,11 @@ class QueueAdmin(QueueModelAdmin):
             readonly += PAUSE_FIELDS
         return readonly
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        """Pause and Resume; deleting is on each queue's page."""
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        """Pause and Resume; deleting is on each queue's page. `action_location` is Django
+        6.1's (where the actions show), passed on when given; 5.2 has none."""
+        located = {} if action_location is None else {"action_location": action_location}
+        actions = super().get_actions(request, **located)
         actions.pop("delete_selected", None)
         return actions
 

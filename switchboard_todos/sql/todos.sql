@@ -200,6 +200,23 @@ counted AS (
        AND (settings.rate_window IS NULL OR settings.rate_window <= {{rate_window(settings)}})
 )
 
+-- fragment: batch_rows(given)
+-- The FROM item of a batch of new todos, `given` (fields, payload): %(rows)s, a JSON array of
+-- one array per todo of its column values (batch_columns), zipped with %(payloads)s, a JSON
+-- array of their payloads. Two values, not an array per column: psycopg escapes each element of
+-- an array in Python, which cost more than the insert itself.
+ROWS FROM (jsonb_array_elements(%(rows)s::jsonb), jsonb_array_elements(%(payloads)s::jsonb))
+    AS $given (fields, payload)
+
+-- fragment: batch_columns(given)
+-- The columns of a new todo of batch_rows `given`, by their place in its array of values.
+$given.fields ->> 0 AS id, $given.fields ->> 1 AS queue, $given.fields ->> 2 AS source,
+$given.fields ->> 3 AS kind, $given.fields ->> 4 AS title, $given.payload,
+$given.fields ->> 5 AS event_id, $given.fields ->> 6 AS idempotency_key,
+$given.fields ->> 7 AS assignee, ($given.fields ->> 8)::int AS max_attempts,
+($given.fields ->> 9)::smallint AS priority, $given.fields ->> 10 AS concurrency_key,
+($given.fields ->> 11)::timestamptz AS run_after
+
 -- fragment: waited(parent)
 -- How many of the rows of `parent` (a FROM item of id, state: parents locked and read as they
 -- are now) a new todo waits for: those neither done nor failed.
@@ -564,14 +581,8 @@ SELECT *, false AS created
 -- Insert many pending todos at once; return the inserted rows and the live rows that hold keys.
 -- A row's max_attempts may be NULL: that todo takes its queue's default (max_attempts_of).
 WITH batch AS (
-    SELECT *
-      FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
-                  %(titles)s::text[], %(payloads)s::jsonb[], %(event_ids)s::text[],
-                  %(idempotency_keys)s::text[], %(assignees)s::text[], %(max_attempts)s::int[],
-                  %(priorities)s::smallint[], %(concurrency_keys)s::text[],
-                  %(run_afters)s::timestamptz[])
-           AS row (id, queue, source, kind, title, payload, event_id, idempotency_key,
-                   assignee, max_attempts, priority, concurrency_key, run_after)
+    SELECT {{batch_columns(given)}}
+      FROM {{batch_rows(given)}}
 ),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
@@ -595,22 +606,17 @@ SELECT todos.*, false AS created
 -- name: create_graph
 -- Insert many todos, some waiting for others of the batch or for existing todos: the whole
 -- batch or nothing (the manager runs it in a transaction, and rolls it back when a member's key
--- is held by a live todo). Each row gives its parents (JSON arrays of ids), how many of them
--- are members (new, so not done), its children among the members, and its policy. The
+-- is held by a live todo). Each row gives, after create_many's columns (batch_rows), its parents
+-- (a JSON array of ids), how many of them are members (new, so not done), its children among
+-- the members (ids), and its policy. The
 -- existing parents, %(existing)s, are locked and read as they are now, as create_child does;
 -- nothing is inserted when one is missing or a dead letter. A row without max_attempts takes
 -- its queue's default (max_attempts_of).
 WITH batch AS (
-    SELECT *
-      FROM unnest(%(ids)s::text[], %(queues)s::text[], %(sources)s::text[], %(kinds)s::text[],
-                  %(titles)s::text[], %(payloads)s::jsonb[], %(event_ids)s::text[],
-                  %(idempotency_keys)s::text[], %(assignees)s::text[], %(max_attempts)s::int[],
-                  %(priorities)s::smallint[], %(concurrency_keys)s::text[],
-                  %(parents)s::jsonb[], %(members_waited)s::int[], %(children)s::jsonb[],
-                  %(policies)s::text[])
-           AS row (id, queue, source, kind, title, payload, event_id, idempotency_key,
-                   assignee, max_attempts, priority, concurrency_key, parents, members_waited,
-                   children, policy)
+    SELECT {{batch_columns(given)}}, given.fields -> 12 AS parents,
+           (given.fields ->> 13)::int AS members_waited, given.fields -> 14 AS children,
+           given.fields ->> 15 AS policy
+      FROM {{batch_rows(given)}}
 ),
 {{parents_locked(%(existing)s::text[])}},
 usable AS MATERIALIZED (
