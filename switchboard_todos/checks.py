@@ -99,6 +99,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         )
     errors += _boolean("LISTEN", error_id="switchboard_todos.E008")
     errors += _boolean("PREPARE", error_id="switchboard_todos.E009")
+    errors += _boolean("GENERIC_PLANS", error_id="switchboard_todos.E025")
     errors += _number("HORIZON_WARNING_AGE", low=0, high=None, error_id="switchboard_todos.E010")
     errors += _number("DEAD_TUPLES_WARNING", low=0, high=None, error_id="switchboard_todos.E011")
     errors += _number("DEFAULT_TTL", low=1, high=43200, error_id="switchboard_todos.E012")

@@ -27,6 +27,9 @@ DEFAULTS: dict[str, Any] = {
     # Prepare the manager's statements once per connection (see cursors.py); turn off behind a
     # PgBouncer in transaction mode older than 1.21, which cannot keep prepared statements.
     "PREPARE": True,
+    # Run the prepared statements on one generic plan (plan_cache_mode = force_generic_plan on
+    # the connections they run on): PostgreSQL's own choice planned the claim anew at every call.
+    "GENERIC_PLANS": True,
     # The health page and todo_stats warn when a transaction has held back vacuum (the xmin
     # horizon) for longer than this many seconds, or the todos table holds more dead rows.
     "HORIZON_WARNING_AGE": 300.0,
@@ -98,6 +101,10 @@ class Settings:
     @property
     def PREPARE(self) -> bool:
         return bool(self._get("PREPARE"))
+
+    @property
+    def GENERIC_PLANS(self) -> bool:
+        return bool(self._get("GENERIC_PLANS"))
 
     @property
     def HORIZON_WARNING_AGE(self) -> float:

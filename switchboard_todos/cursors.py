@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any
+from weakref import WeakSet
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.postgresql.base import CursorDebugWrapper, CursorMixin
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
-from psycopg import Cursor, errors
+from psycopg import Connection, Cursor, errors
 from psycopg._queries import PostgresQuery, _query2pg_nocache
 from psycopg.abc import Params, Query
 from psycopg.pq import TransactionStatus
@@ -121,6 +122,8 @@ def cursor(wrapper: BaseDatabaseWrapper) -> CursorWrapper:
         connection = wrapper.connection
         if connection.prepare_threshold is None:
             connection.prepare_threshold = EXPLICIT_ONLY
+        if conf.GENERIC_PLANS and connection not in _generic:
+            _plan_generically(connection)
         prepared = PreparingCursor(connection)
         if wrapper.timezone is None:
             register_tzloader(None, prepared)  # USE_TZ = False: naive, as Django reads them
@@ -130,6 +133,27 @@ def cursor(wrapper: BaseDatabaseWrapper) -> CursorWrapper:
         return LoggingCursorWrapper(prepared, wrapper)
     # django-stubs type this as taking a CursorWrapper; it takes the DB-API cursor.
     return wrapper.make_cursor(prepared)  # type: ignore[arg-type]
+
+
+#: The connections whose session plans prepared statements generically (_plan_generically).
+_generic: WeakSet[Connection[Any]] = WeakSet()
+
+
+def _plan_generically(connection: Connection[Any]) -> None:
+    """Have the session run each prepared statement on its generic plan, once per connection.
+
+    PostgreSQL plans a prepared statement anew at each call while its first custom plans
+    looked cheaper than the generic one, and the claim's estimates grow with the table between
+    two vacuums: the worker's claims were all planned anew, which cost the server 60 us of CPU
+    per todo drained against 52 (docs/benchmarks.md). The manager's statements are written to keep one plan
+    whatever their parameters (sql/todos.sql, claim_next). The setting is the session's: it
+    also holds for the other named prepared statements and PL/pgSQL plans of the connection
+    (SWITCHBOARD_TODOS_GENERIC_PLANS = False leaves it alone). Set only outside a transaction,
+    whose rollback would undo it; a connection in one is tried again at its next cursor.
+    """
+    if connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
+        connection.execute("SET plan_cache_mode = force_generic_plan")
+        _generic.add(connection)
 
 
 def column_names(cursor: CursorWrapper) -> tuple[bytes | None, ...]:

@@ -65,6 +65,7 @@ def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
         ("MAX_JSON_BYTES", 0, "switchboard_todos.E005"),
         ("LISTEN", "no", "switchboard_todos.E008"),
         ("PREPARE", 0, "switchboard_todos.E009"),
+        ("GENERIC_PLANS", "yes", "switchboard_todos.E025"),
         ("HORIZON_WARNING_AGE", -1, "switchboard_todos.E010"),
         ("DEAD_TUPLES_WARNING", "many", "switchboard_todos.E011"),
         ("DEFAULT_TTL", 0, "switchboard_todos.E012"),

@@ -105,8 +105,8 @@ picked AS MATERIALIZED (
                                           WHERE room.queue = limited.queue), in_queue)
            ) AS per_queue
      ORDER BY priority DESC, claimable_at
-     LIMIT (SELECT CASE WHEN %(max_held)s::int IS NULL THEN %(limit)s::int
-                   ELSE greatest(0, least(%(limit)s::int, %(max_held)s::int - (
+     LIMIT (SELECT CASE WHEN (SELECT %(max_held)s::int) IS NULL THEN %(limit)s::int
+                   ELSE greatest(0, least(%(limit)s::int, (SELECT %(max_held)s::int) - (
                             SELECT count(*) FROM todos AS held
                              WHERE held.state = 'claimed' AND held.owner = %(owner)s)::int))
                    END)
@@ -464,8 +464,11 @@ jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text)
 -- fragment: lease_end(todo)
 -- When the lease a claim or heartbeat gives `todo` ends: %(ttl)s from now, or, when the caller
 -- gave none, its queue's visibility timeout (todo_queues), else %(default_ttl)s
--- (SWITCHBOARD_TODOS_DEFAULT_TTL). The queue's row is read only when no ttl was given.
-now() + coalesce(%(ttl)s::interval,
+-- (SWITCHBOARD_TODOS_DEFAULT_TTL). The queue's row is read only when no ttl was given. The ttl
+-- is read through "(SELECT ...)", as the claim's other parameters are (claim_next): a planner
+-- that saw it given would drop the lookup from a custom plan, whose cost would then stay below
+-- the generic plan's, and PostgreSQL would plan the prepared claim anew at every call.
+now() + coalesce((SELECT %(ttl)s::interval),
                  (SELECT settings.visibility_timeout FROM todo_queues AS settings
                    WHERE settings.name = $todo.queue),
                  %(default_ttl)s::interval)
