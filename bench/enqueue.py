@@ -15,8 +15,8 @@ from psycopg.types.json import Jsonb
 from bench import raw
 from bench.harness import QUEUE, Bench, Child, Row, Target, expect_states, reset
 
-#: The single-op target, applied to enqueueing too.
-TARGET = Target(ratio=0.8)
+#: `create_todo` against a raw single-row INSERT (issue 28).
+TARGET = Target(ratio=0.85)
 
 INSERT = "INSERT INTO todos (queue, kind, payload) VALUES (%s, %s, %s) RETURNING id"
 

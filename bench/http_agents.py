@@ -28,8 +28,9 @@ from bench import drain_single
 from bench.harness import QUEUE, TTL, Bench, BenchError, Child, Row, Target, plural, reset
 from bench.pickup import enqueue_ours
 
-#: HTTP claim + complete should keep this share of the in-process single-op rate.
-TARGET = Target(ratio=0.5)
+#: HTTP claim + complete should keep this share of the in-process single-op rate: on a machine
+#: where the agents share the server's cores, with the token checked at every request.
+TARGET = Target(ratio=0.4)
 #: A todo enqueued during a long poll should be answered within this, in milliseconds.
 PICKUP_TARGET = Target(below=50.0)
 AGENTS = 4

@@ -210,3 +210,32 @@ def test_requeue_refuses_a_twin_created_while_it_runs() -> None:
         Todo.objects.requeue(dead.id)
     thread.join()
     assert Todo.objects.get(pk=dead.pk).state == State.FAILED
+
+
+def test_complete_many_never_waits_for_a_row_another_session_holds_locked() -> None:
+    """A batch completion leaves a locked todo alone instead of waiting for it.
+
+    A claim keeps the lock of a row that was pending when it began and was claimed since (its
+    recheck failed), and a claim into a limited queue's slot waits for the statement finishing
+    the todo that held the slot: a complete_many that waited for the first closed the circle.
+    Four workers on a queue with a concurrency limit deadlocked many times a second, and each
+    deadlock stood for deadlock_timeout. Here the claim's lock is held by hand, and the test
+    connection gives up on any lock wait after 10 s (a failure, not a pause).
+    """
+    held, free = (Todo.objects.create_todo(kind="k")[0] for _ in range(2))
+    claimed = Todo.objects.claim_batch("default", "w1", 300, limit=2)
+    assert {todo.id for todo in claimed} == {held.id, free.id}
+    with psycopg.connect(database_url(), autocommit=True) as claim:
+        with claim.transaction():
+            claim.execute("SELECT 1 FROM todos WHERE id = %s FOR NO KEY UPDATE", [held.id])
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = '10s'")
+            try:
+                done = Todo.objects.complete_many("w1", {held.id: 1, free.id: 2})
+            finally:
+                with connection.cursor() as cursor:
+                    cursor.execute("RESET lock_timeout")
+        assert done == [free.id]
+        assert Todo.objects.get(pk=held.id).state == State.CLAIMED
+    assert Todo.objects.complete_many("w1", {held.id: 1}) == [held.id]
+    assert dict(Todo.objects.values_list("id", "result")) == {held.id: 1, free.id: 2}

@@ -917,13 +917,28 @@ SELECT * FROM completed
 -- child of theirs appeared meanwhile (children_seen: the manager runs them again), read only
 -- when something was left alone. %(results)s is one JSON object, id to result (null: none):
 -- sent as one value, not as two arrays whose every element the client escapes one by one.
-WITH completed AS (
+-- It never waits for a row lock: a todo another session holds locked is left alone too (the
+-- manager runs it again). A claim locks rows that were pending when it began and have been
+-- claimed since (PostgreSQL keeps the lock of a row whose recheck failed), and a claim into a
+-- concurrency key or a limited queue's slot waits for the statements finishing the todos
+-- that held them: waiting here closed that circle, a deadlock that PostgreSQL breaks only
+-- after deadlock_timeout, a second lost by both.
+-- The rows are locked and tested in "mine" (the newest version of each), so the update finds
+-- them by primary key alone: given the owner too, a planner that expected one held todo
+-- looked them up by owner once per todo.
+WITH mine AS MATERIALIZED (
+    SELECT todos.id, batch.result
+      FROM jsonb_each(%(results)s::jsonb) AS batch (id, result)
+      JOIN todos ON todos.id = batch.id
+     WHERE todos.state = 'claimed' AND todos.owner = %(owner)s
+       FOR NO KEY UPDATE OF todos SKIP LOCKED
+),
+completed AS (
 UPDATE todos
-   SET state = 'done', result = nullif(batch.result, 'null'), lease_expires_at = NULL,
+   SET state = 'done', result = nullif(mine.result, 'null'), lease_expires_at = NULL,
        completed_at = now(), updated_at = now()
-  FROM jsonb_each(%(results)s::jsonb) AS batch (id, result)
- WHERE todos.id = batch.id AND todos.state = 'claimed' AND todos.owner = %(owner)s
-   AND {{children_seen(todos)}}
+  FROM mine
+ WHERE todos.id = mine.id AND {{children_seen(todos)}}
 RETURNING todos.id, todos.children, todos.awaited
 ),
 {{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge)}},
