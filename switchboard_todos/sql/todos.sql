@@ -200,6 +200,20 @@ counted AS (
        AND (settings.rate_window IS NULL OR settings.rate_window <= {{rate_window(settings)}})
 )
 
+-- fragment: created_or_held
+-- The end of a statement that creates one todo (its "inserted" CTE): the notification of a new
+-- claimable todo, and the answer: the todo inserted (created), or else the live todo that holds
+-- (%(queue)s, %(idempotency_key)s) (not created).
+{{notified(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
+SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
+UNION ALL
+SELECT *, false AS created
+  FROM todos
+ WHERE queue = %(queue)s
+   AND idempotency_key = %(idempotency_key)s
+   AND {{live(state)}}
+   AND NOT EXISTS (SELECT FROM inserted)
+
 -- fragment: batch_rows(given)
 -- The FROM item of a batch of new todos, `given` (fields, payload): %(rows)s, a JSON array of
 -- one array per todo of its column values (batch_columns), zipped with %(payloads)s, a JSON
@@ -527,15 +541,7 @@ WITH inserted AS (
     {{unless_key_held}}
     RETURNING *
 ),
-{{notified(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
-SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
-UNION ALL
-SELECT *, false AS created
-  FROM todos
- WHERE queue = %(queue)s
-   AND idempotency_key = %(idempotency_key)s
-   AND {{live(state)}}
-   AND NOT EXISTS (SELECT FROM inserted);
+{{created_or_held}};
 
 -- name: create_child
 -- Insert a pending todo %(id)s that waits for the todos %(parents)s, or return the live todo that
@@ -570,15 +576,7 @@ linked AS (
       FROM inserted
      WHERE todos.id IN (SELECT id FROM parent)
 ),
-{{notified(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
-SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
-UNION ALL
-SELECT *, false AS created
-  FROM todos
- WHERE queue = %(queue)s
-   AND idempotency_key = %(idempotency_key)s
-   AND {{live(state)}}
-   AND NOT EXISTS (SELECT FROM inserted);
+{{created_or_held}};
 
 -- name: create_many
 -- Insert many pending todos at once; return the inserted rows and the live rows that hold keys.
