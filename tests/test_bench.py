@@ -65,7 +65,10 @@ ROWS = {
 }
 
 
-@pytest.mark.timeout(330)  # every scenario at its smallest size, a third-party client's included
+# Every scenario at its smallest size, Celery's and dramatiq's included: a suite of third-party
+# clients, run in one CI leg (the Django version changes nothing the benchmarks measure).
+@pytest.mark.clients
+@pytest.mark.timeout(330)
 def test_every_scenario_runs_and_prints_its_ratios(subprocess_env: dict[str, Any]) -> None:
     """`python -m bench --smoke` runs every scenario, ours and raw, and prints each ratio."""
     assert set(ROWS) == set(SCENARIOS)
