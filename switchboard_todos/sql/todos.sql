@@ -214,6 +214,19 @@ SELECT *, false AS created
    AND {{live(state)}}
    AND NOT EXISTS (SELECT FROM inserted)
 
+-- fragment: created_or_held_many
+-- created_or_held for a batch (its "batch" and "inserted" CTEs): one notification per queue,
+-- and the todos inserted (created) beside the live todos that hold the keys of those that were
+-- not (not created).
+{{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
+SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
+UNION ALL
+SELECT todos.*, false AS created
+  FROM todos
+  JOIN batch ON todos.queue = batch.queue AND todos.idempotency_key = batch.idempotency_key
+ WHERE {{live(todos.state)}}
+   AND batch.id NOT IN (SELECT id FROM inserted)
+
 -- fragment: batch_rows(given)
 -- The FROM item of a batch of new todos, `given` (fields, payload): %(rows)s, a JSON array of
 -- one array per todo of its column values (batch_columns), zipped with %(payloads)s, a JSON
@@ -595,14 +608,7 @@ inserted AS (
     {{unless_key_held}}
     RETURNING *
 ),
-{{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
-SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
-UNION ALL
-SELECT todos.*, false AS created
-  FROM todos
-  JOIN batch ON todos.queue = batch.queue AND todos.idempotency_key = batch.idempotency_key
- WHERE {{live(todos.state)}}
-   AND batch.id NOT IN (SELECT id FROM inserted);
+{{created_or_held_many}};
 
 -- name: create_graph
 -- Insert many todos, some waiting for others of the batch or for existing todos: the whole
@@ -654,14 +660,7 @@ linked AS (
              GROUP BY edge.parent_id) AS new
      WHERE todos.id = new.parent_id
 ),
-{{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
-SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
-UNION ALL
-SELECT todos.*, false AS created
-  FROM todos
-  JOIN batch ON todos.queue = batch.queue AND todos.idempotency_key = batch.idempotency_key
- WHERE {{live(todos.state)}}
-   AND batch.id NOT IN (SELECT id FROM inserted);
+{{created_or_held_many}};
 
 -- name: tick_schedule
 -- Advance schedule %(schedule)s from the tick it awaited, %(awaited)s, to %(next_run_at)s, and
