@@ -59,6 +59,24 @@ KEY_RACE_TRIES = 10
 LEFT_ALONE_PAUSE = 0.001
 
 
+#: The columns a create's rows of new todos leave out (created_columns in sql/todos.sql): its
+#: parameters of the same names hold them (the payload as JSON text, as the database sends it).
+GIVEN = frozenset(
+    {
+        "queue",
+        "source",
+        "kind",
+        "title",
+        "payload",
+        "event_id",
+        "idempotency_key",
+        "assignee",
+        "priority",
+        "concurrency_key",
+    }
+)
+
+
 class _Layout(NamedTuple):
     """Where a Todo's values are in rows of one shape (see `TodoManager._layout`)."""
 
@@ -66,6 +84,8 @@ class _Layout(NamedTuple):
     pick: Callable[[Sequence[Any]], tuple[Any, ...]]
     json: list[tuple[int, models.JSONField[Any]]]
     extra: int | None
+    id: int
+    given: list[tuple[int, str]]
 
 
 class _GraphNotCreated(Exception):
@@ -210,7 +230,10 @@ class TodoManager(_TodoManagerBase["Todo"]):
         }
         by_id: dict[str, Todo] = {}
         live: dict[tuple[str, str | None], Todo] = {}
-        for todo, _created in self._run("create_many", columns, extra="created"):
+        sent = dict(zip(ids, batch, strict=True))
+        for todo, _created in self._run(
+            "create_many", columns, extra="created", given=sent.__getitem__
+        ):
             by_id[todo.id] = todo
             live[todo.queue, todo.idempotency_key] = todo
         results: list[tuple[Todo, bool]] = []
@@ -253,7 +276,12 @@ class TodoManager(_TodoManagerBase["Todo"]):
         created: list[tuple[Todo, Any]] = []
         try:
             with transaction.atomic(using=self._db_alias):
-                created = self._run("create_graph", columns, extra="created")
+                created = self._run(
+                    "create_graph",
+                    columns,
+                    extra="created",
+                    given=dict(zip(graph.ids, batch, strict=True)).__getitem__,
+                )
                 if len(created) != len(batch) or not all(made for _, made in created):
                     raise _GraphNotCreated
         except _GraphNotCreated:
@@ -458,7 +486,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
             "id": new_todo_id(),
         }
         for _ in range(3):
-            rows = self._run(name, params, extra="created")
+            rows = self._run(name, params, extra="created", given=lambda _id: params)
             if rows:
                 todo, created = rows[0]
                 return todo, bool(created)
@@ -958,6 +986,12 @@ class TodoManager(_TodoManagerBase["Todo"]):
                     if isinstance(field, models.JSONField)
                 ],
                 extra=position[extra] if extra else None,
+                id=[field.primary_key for field in fields].index(True),
+                given=[
+                    (index, field.attname)
+                    for index, field in enumerate(fields)
+                    if field.attname in GIVEN
+                ],
             )
             self._layouts[columns, extra] = layout
         return layout
@@ -969,13 +1003,16 @@ class TodoManager(_TodoManagerBase["Todo"]):
         *,
         extra: str | None = None,
         statement: str | None = None,
+        given: Callable[[str], Mapping[str, Any]] | None = None,
     ) -> list[tuple[Todo, Any]]:
         """Run statement `name` (or `statement`, composed for this call, under that name);
         build a Todo from each row, matching columns by name.
 
         `RETURNING *` gives the table's physical column order, which a table shared with the
         Go service does not promise to be the model's, so values are placed by name. `extra`
-        names one more column to hand back beside each Todo.
+        names one more column to hand back beside each Todo. A create's rows of new todos (its
+        `extra`, created, true) leave out what the creator gave (created_columns in
+        sql/todos.sql): `given` gives those values (GIVEN, validated) of the todo of an id.
         """
         alias = self._db_alias
         connection = connections[alias]
@@ -988,6 +1025,10 @@ class TodoManager(_TodoManagerBase["Todo"]):
         loaded = []
         for row in rows:
             values = list(layout.pick(row))
+            if given is not None and row[layout.extra]:
+                inserted = given(values[layout.id])
+                for index, attname in layout.given:
+                    values[index] = inserted[attname]
             for index, field in layout.json:
                 values[index] = field.from_db_value(values[index], field.cached_col, connection)
             loaded.append((build(values), None if layout.extra is None else row[layout.extra]))

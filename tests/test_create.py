@@ -213,6 +213,54 @@ def test_create_many_stores_what_create_todo_stores(db: None) -> None:
     assert Todo.objects.get(pk=batch[0][0].pk).next_retry_at == later
 
 
+def test_a_create_does_not_read_back_what_it_sent(make_todo: MakeTodo) -> None:
+    """A new todo's row comes back without the values its creator gave (created_columns in
+    sql/todos.sql: the payload is not sent back), yet the Todo each create returns holds every
+    field as a later read of it does; a todo that holds the key comes back whole."""
+    from switchboard_todos.sql import queries
+
+    held = make_todo(queue="q", idempotency_key="taken", payload={"old": True})
+    parent, _ = Todo.objects.create_todo(kind="parent")
+    spec: dict[str, Any] = {
+        "queue": "q",
+        "kind": "k",
+        "title": "t",
+        "source": "s",
+        "payload": {"z": 1, "a": [1.5, "é", None], "nested": {"b": {}}},
+        "assignee": "agent",
+        "priority": 5,
+        "concurrency_key": "ck",
+    }
+    made = [
+        Todo.objects.create_todo(**spec, idempotency_key="one"),
+        Todo.objects.create_todo(**spec, idempotency_key="child", after=[parent.pk]),
+        *Todo.objects.create_many([{**spec, "idempotency_key": "many"}, {**spec}]),
+        *Todo.objects.create_many(
+            [{**spec, "ref": "a"}, {**spec, "idempotency_key": "graph", "after": ["a"]}]
+        ),
+        Todo.objects.create_todo(**spec, idempotency_key="taken"),
+        *Todo.objects.create_many([{**spec, "idempotency_key": "taken"}]),
+    ]
+    assert [created for _, created in made] == [True] * 6 + [False] * 2
+    for todo, _ in made:
+        stored = Todo.objects.get(pk=todo.pk)
+        for field in Todo._meta.concrete_fields:
+            assert getattr(todo, field.attname) == getattr(stored, field.attname), field.name
+    assert made[-1][0] == made[-2][0] == held
+    assert made[-1][0].payload == {"old": True}
+    params = {
+        **validation.creation({**spec, "idempotency_key": "again"}),
+        "default_max_attempts": 5,
+        "notify": False,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(queries["create_todo"], params)
+        names = [column.name for column in cursor.description]
+        row = dict(zip(names, cursor.fetchone(), strict=True))
+    assert row["created"] and row["id"] and row["created_at"]
+    assert row["payload"] is row["queue"] is row["kind"] is None
+
+
 def test_create_many_deduplicates_within_and_across_batches(make_todo: MakeTodo) -> None:
     """Keys held by live todos, or repeated in the batch, return the holder with created=False."""
     live = make_todo(idempotency_key="old")

@@ -200,14 +200,38 @@ counted AS (
        AND (settings.rate_window IS NULL OR settings.rate_window <= {{rate_window(settings)}})
 )
 
+-- fragment: todo_columns(todo)
+-- Every column of `todo`, in the model's order: what a statement returns when its branches must
+-- agree (created_or_held), which `*` (the table's physical order) does not promise.
+$todo.id, $todo.queue, $todo.source, $todo.kind, $todo.title, $todo.payload, $todo.event_id,
+$todo.idempotency_key, $todo.assignee, $todo.state, $todo.owner, $todo.lease_expires_at,
+$todo.attempt, $todo.max_attempts, $todo.priority, $todo.concurrency_key, $todo.slot,
+$todo.next_retry_at, $todo.result, $todo.errors, $todo.errors_dropped, $todo.progress,
+$todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure, $todo.children,
+$todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
+
+-- fragment: created_columns(todo)
+-- todo_columns of a todo just inserted, with NULL for the values its creator gave (the manager's
+-- GIVEN, filled in from its own parameters): a create does not send the payload back.
+$todo.id, NULL::text AS queue, NULL::text AS source, NULL::text AS kind, NULL::text AS title,
+NULL::jsonb AS payload, NULL::text AS event_id, NULL::text AS idempotency_key,
+NULL::text AS assignee, $todo.state, $todo.owner, $todo.lease_expires_at, $todo.attempt,
+$todo.max_attempts, NULL::smallint AS priority, NULL::text AS concurrency_key, $todo.slot,
+$todo.next_retry_at, $todo.result, $todo.errors, $todo.errors_dropped, $todo.progress,
+$todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure, $todo.children,
+$todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
+
 -- fragment: created_or_held
 -- The end of a statement that creates one todo (its "inserted" CTE): the notification of a new
--- claimable todo, and the answer: the todo inserted (created), or else the live todo that holds
--- (%(queue)s, %(idempotency_key)s) (not created).
+-- claimable todo, and the answer: the todo inserted (created, without the values its creator
+-- gave: created_columns), or else the live todo that holds (%(queue)s, %(idempotency_key)s)
+-- (not created), whole.
 {{notified(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
-SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
+SELECT {{created_columns(inserted)}}, true AS created
+  FROM inserted
+ WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
-SELECT *, false AS created
+SELECT {{todo_columns(todos)}}, false AS created
   FROM todos
  WHERE queue = %(queue)s
    AND idempotency_key = %(idempotency_key)s
@@ -216,12 +240,14 @@ SELECT *, false AS created
 
 -- fragment: created_or_held_many
 -- created_or_held for a batch (its "batch" and "inserted" CTEs): one notification per queue,
--- and the todos inserted (created) beside the live todos that hold the keys of those that were
--- not (not created).
+-- and the todos inserted (created, without what their creator gave) beside the live todos that
+-- hold the keys of those that were not (not created), whole.
 {{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
-SELECT *, true AS created FROM inserted WHERE (SELECT count(*) FROM notified) >= 0
+SELECT {{created_columns(inserted)}}, true AS created
+  FROM inserted
+ WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
-SELECT todos.*, false AS created
+SELECT {{todo_columns(todos)}}, false AS created
   FROM todos
   JOIN batch ON todos.queue = batch.queue AND todos.idempotency_key = batch.idempotency_key
  WHERE {{live(todos.state)}}
