@@ -179,3 +179,16 @@ def test_a_post_init_receiver_sees_every_claimed_todo(make_todo: MakeTodo) -> No
         post_init.disconnect(receiver, sender=Todo)
     assert {todo.id for todo in claimed} == made
     assert sorted(seen) == sorted(made)
+
+
+def test_empty_json_values_are_separate_objects(make_todo: MakeTodo) -> None:
+    """A fresh todo's errors ([]) and an empty payload ({}) are made, not parsed (EMPTY_JSON in
+    managers.py): each claimed Todo gets its own list and dict, as json.loads would give."""
+    make_todo(payload={})
+    make_todo(payload={})
+    first, second = Todo.objects.claim_batch("default", "w1", 30, limit=2)
+    assert first.errors == second.errors == [] and first.payload == second.payload == {}
+    first.errors.append("changed")
+    first.payload["changed"] = True
+    assert second.errors == [] and second.payload == {}
+    assert first.errors is not second.errors and first.payload is not second.payload

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from inspect import iscoroutinefunction
 from typing import Any
 
@@ -24,6 +25,9 @@ from switchboard_todos.worker.hand import Hand, Held, Runner, database_of, log, 
 
 #: A finished todo waits at most this long for its batch's acknowledgement.
 ACK_DELAY = 0.1
+#: How a todo of one source and kind runs (Executor._handler): its handler, the handler's
+#: `finished` hook, its timeout in seconds.
+_Handling = tuple[handlers.Handler, Callable[[Todo], None] | None, float | None]
 
 
 class Executor:
@@ -33,7 +37,7 @@ class Executor:
         self.hand = hand
         self.databases = databases
         self.timeout = timeout
-        self._handlers: dict[str, handlers.Handler] = {}
+        self._handlers: dict[tuple[str, str], _Handling] = {}
 
     # Running
 
@@ -51,9 +55,7 @@ class Executor:
         started = time.perf_counter()
         held.runner, held.started = runner, time.monotonic()
         try:
-            handler = self._handler(todo)
-            held.finished = getattr(handler, "finished", None)
-            held.timeout = self._timeout(todo)
+            handler, held.finished, held.timeout = self._handler(todo)
             with handlers.running(held.running):
                 value = outcomes.result(handler(todo))
         except BaseException as error:
@@ -79,24 +81,19 @@ class Executor:
         """Whether the runner's oldest success has waited ACK_DELAY for its acknowledgement."""
         return bool(runner.acks) and time.monotonic() - runner.oldest_ack >= ACK_DELAY
 
-    def _timeout(self, todo: Todo) -> float | None:
-        """How long `todo`'s handler may run: its own timeout, else the worker's."""
-        if todo.source != handlers.TASKS_SOURCE:
-            own = handlers.get_timeout(todo.kind)
-            if own is not None:
-                return own
-        return self.timeout
-
-    def _handler(self, todo: Todo) -> handlers.Handler:
-        """The callable that runs `todo`: its kind's handler, or the django.tasks runner."""
-        key = f"{todo.source}\x00{todo.kind}"
+    def _handler(self, todo: Todo) -> _Handling:
+        """How `todo` runs: its kind's handler (or the django.tasks runner), that handler's
+        `finished` hook, and how long it may run (its own timeout, else the worker's).
+        Looked up once per source and kind."""
+        key = (todo.source, todo.kind)
         found = self._handlers.get(key)
         if found is not None:
             return found
+        timeout = self.timeout
         if todo.source == handlers.TASKS_SOURCE:
             from switchboard_todos.backends import TaskRunner
 
-            found = TaskRunner()
+            runs: handlers.Handler = TaskRunner()
         else:
             registered = handlers.get_handler(todo.kind)
             if registered is None:
@@ -104,8 +101,11 @@ class Executor:
                     f"No handler for kind {todo.kind!r} in this worker; register one with "
                     f"@handler({todo.kind!r}) in a todo_handlers module."
                 )
-            found = async_to_sync(registered) if iscoroutinefunction(registered) else registered
-        self._handlers[key] = found
+            runs = async_to_sync(registered) if iscoroutinefunction(registered) else registered
+            own = handlers.get_timeout(todo.kind)
+            if own is not None:
+                timeout = own
+        found = self._handlers[key] = (runs, getattr(runs, "finished", None), timeout)
         return found
 
     # Storing outcomes
