@@ -16,6 +16,8 @@ cost per value: the largest cost per todo once the statements are prepared.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 from weakref import WeakSet
@@ -155,6 +157,22 @@ def _plan_generically(connection: Connection[Any]) -> None:
     if connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
         connection.execute("SET plan_cache_mode = force_generic_plan")
         _generic.add(connection)
+
+
+def array_literal(values: Iterable[str | int | datetime]) -> str:
+    """PostgreSQL's text form of a one-dimensional array of texts, integers or aware datetimes,
+    for a parameter the statement casts (`%(x)s::text[]`). psycopg's list dumper looks at each
+    element in Python to pick the array's type: the seven arrays of a claim's marks cost
+    25-60 us of client CPU per claim, as much as the rest of its Python."""
+    return "{" + ",".join(map(_array_element, values)) + "}"
+
+
+def _array_element(value: str | int | datetime) -> str:
+    if isinstance(value, datetime):
+        return f'"{value.isoformat()}"'
+    if isinstance(value, int):
+        return str(int(value))
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def column_names(cursor: CursorWrapper) -> tuple[bytes | None, ...]:

@@ -669,7 +669,11 @@ class TodoManager(_TodoManagerBase["Todo"]):
         A claim that keeps losing races for concurrency keys claims nothing.
         """
         alias = self._db_alias
-        params = {**params, **marks.for_claim(alias, params["queues"]).params()}
+        params = {
+            **params,
+            "queues": cursors.array_literal(params["queues"]),
+            **marks.for_claim(alias, params["queues"]).params(),
+        }
         for _ in range(KEY_RACE_TRIES):
             try:
                 rows = self._run("claim_next", params, extra="claimable_at")

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+from switchboard_todos.cursors import array_literal
+
 #: How far below the oldest todo it claimed a queue's mark is set: todos committed a little
 #: out of created_at order (concurrent producers) stay in front of it.
 MARK_SLACK = timedelta(seconds=1)
@@ -72,7 +74,16 @@ class ClaimMarks(NamedTuple):
     full_scan: bool
 
     def params(self) -> dict[str, Any]:
-        return self._asdict()
+        """The claim's parameters: each array in its text form (cursors.array_literal)."""
+        return {
+            "marks": array_literal(self.marks),
+            "tops": array_literal(self.tops),
+            "bottoms": array_literal(self.bottoms),
+            "group_queues": array_literal(self.group_queues),
+            "group_priorities": array_literal(self.group_priorities),
+            "group_marks": array_literal(self.group_marks),
+            "full_scan": self.full_scan,
+        }
 
 
 class Marks:

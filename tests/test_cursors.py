@@ -196,3 +196,26 @@ def test_a_long_statement_is_converted_once(make_todo: Any) -> None:
         Todo.objects.claim_next("default", "w1", 30)
     again = cursors._converted.cache_info()
     assert (again.misses, again.hits) == (converted.misses, converted.hits + 3)
+
+
+def test_array_literals_reach_postgresql_as_the_values(db: None) -> None:
+    """The claim sends its arrays as text (cursors.array_literal): every value arrives as
+    itself, whatever characters a queue name holds, as do integers and time zones."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    names = ["plain", 'quote " and \\ backslash', "comma, {brace}", "NULL", "", "ünï ✓", " pad "]
+    numbers = [-101, 0, 7, 100]
+    instants = [
+        datetime.min.replace(tzinfo=UTC),
+        datetime(2026, 12, 5, 6, 0, 0, 123456, tzinfo=timezone(timedelta(hours=-9, minutes=-30))),
+    ]
+    with cursors.cursor(connection) as cursor:
+        cursor.execute(
+            "SELECT %(names)s::text[], %(numbers)s::int[], %(instants)s::timestamptz[]",
+            {
+                "names": cursors.array_literal(names),
+                "numbers": cursors.array_literal(numbers),
+                "instants": cursors.array_literal(instants),
+            },
+        )
+        assert cursor.fetchone() == (names, numbers, instants)
