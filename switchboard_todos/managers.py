@@ -485,13 +485,14 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
         # The live twin may commit after this statement's snapshot was taken: then ON CONFLICT
         # waits for it and skips the insert, yet the fallback SELECT cannot see it. Running the
-        # statement again sees it (or inserts, if the twin has finished meanwhile).
+        # statement again sees it (or inserts, if the twin has finished meanwhile). A todo that
+        # waits is given its id here (its parents list it); the database picks the others'.
         name = "create_todo" if params["parents"] is None else "create_child"
         params = {
             **params,
             "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
             "notify": conf.LISTEN,
-            "id": new_todo_id(),
+            "id": None if params["parents"] is None else new_todo_id(),
         }
         for _ in range(3):
             rows = self._run(name, params, extra="created", given=lambda _id: params)
