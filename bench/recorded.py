@@ -16,29 +16,29 @@ from bench.harness import Row
 #: How far below its recorded figure a ratio may fall before the run says so.
 DROP = 0.1
 
-#: Row name -> ours/raw, as docs/benchmarks.md records it (the runs of 2026-12-04 21:58-22:40).
+#: Row name -> ours/raw, as docs/benchmarks.md records it (the runs of 2026-12-05 07:16-07:32).
 RECORDED: dict[str, float] = {
-    "enqueue one at a time, create_todo": 0.65,
-    "enqueue in batches of 500, create_many": 0.28,
-    "enqueue in batches of 500, enqueue_many": 0.73,
-    "enqueue in batches of 1000, create_many": 0.30,
-    "enqueue in batches of 1000, enqueue_many": 0.73,
-    "drain, claim_next + complete, 1 process": 0.60,
-    "drain, claim_next + complete, 4 processes": 0.57,
-    "drain, claim_next + complete, 8 processes": 0.46,
-    "drain, Worker with a no-op handler, 1 process": 0.86,
-    "drain, Worker with a no-op handler, 4 processes": 0.82,
-    "drain, Worker with a no-op handler, 8 processes": 0.73,
-    "HTTP agents, claim + complete, 4 agents": 0.40,
-    "drain, one database, Workers on both queues, 8 processes": 0.74,
-    "drain, two databases, Workers on both queues, 8 processes": 0.75,
+    "enqueue one at a time, create_todo": 0.63,
+    "enqueue in batches of 500, create_many": 0.40,
+    "enqueue in batches of 500, enqueue_many": 0.71,
+    "enqueue in batches of 1000, create_many": 0.43,
+    "enqueue in batches of 1000, enqueue_many": 0.74,
+    "drain, claim_next + complete, 1 process": 0.61,
+    "drain, claim_next + complete, 4 processes": 0.60,
+    "drain, claim_next + complete, 8 processes": 0.53,
+    "drain, Worker with a no-op handler, 1 process": 0.93,
+    "drain, Worker with a no-op handler, 4 processes": 0.86,
+    "drain, Worker with a no-op handler, 8 processes": 0.75,
+    "HTTP agents, claim + complete, 4 agents": 0.45,
+    "drain, one database, Workers on both queues, 8 processes": 0.76,
+    "drain, two databases, Workers on both queues, 8 processes": 0.76,
     "hostile agent (long polls): 4 agents claim + complete": 0.93,
     "drain with a queue row that limits nothing, 1 process": 0.89,
-    "drain with a queue row that limits nothing, 4 processes": 0.81,
-    "drain with a queue row that limits nothing, 8 processes": 0.74,
-    "drain with a concurrency limit not reached, 1 process": 0.76,
-    "drain with a concurrency limit not reached, 4 processes": 0.42,
-    "drain with a concurrency limit not reached, 8 processes": 0.32,
+    "drain with a queue row that limits nothing, 4 processes": 0.84,
+    "drain with a queue row that limits nothing, 8 processes": 0.80,
+    "drain with a concurrency limit not reached, 1 process": 0.79,
+    "drain with a concurrency limit not reached, 4 processes": 0.41,
+    "drain with a concurrency limit not reached, 8 processes": 0.30,
 }
 
 
