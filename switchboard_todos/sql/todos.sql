@@ -221,18 +221,24 @@ $todo.next_retry_at, $todo.result, $todo.errors, $todo.errors_dropped, $todo.pro
 $todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure, $todo.children,
 $todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
 
--- fragment: created_or_held
--- The end of a statement that creates one todo (its "inserted" CTE): the notification of a new
--- claimable todo, and the answer: the todo inserted (created, without the values its creator
--- gave: created_columns), or else the live todo that holds (%(queue)s, %(idempotency_key)s)
--- (not created), whole.
-{{notified(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
+-- fragment: created_then_held
+-- The answer of a create, after its "notified" CTE has run: the todos of "inserted" (created),
+-- then the rows of `todos` that the FROM and WHERE clauses following it pick (the live todos
+-- holding the keys of those not inserted).
 SELECT {{created_columns(inserted)}}, true AS created
   FROM inserted
  WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
 SELECT {{todo_columns(todos)}}, false AS created
   FROM todos
+
+-- fragment: created_or_held
+-- The end of a statement that creates one todo (its "inserted" CTE): the notification of a new
+-- claimable todo, and the answer: the todo inserted (created, without the values its creator
+-- gave: created_columns), or else the live todo that holds (%(queue)s, %(idempotency_key)s)
+-- (not created), whole.
+{{notified(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
+{{created_then_held}}
  WHERE queue = %(queue)s
    AND idempotency_key = %(idempotency_key)s
    AND {{live(state)}}
@@ -243,12 +249,7 @@ SELECT {{todo_columns(todos)}}, false AS created
 -- and the todos inserted (created, without what their creator gave) beside the live todos that
 -- hold the keys of those that were not (not created), whole.
 {{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
-SELECT {{created_columns(inserted)}}, true AS created
-  FROM inserted
- WHERE (SELECT count(*) FROM notified) >= 0
-UNION ALL
-SELECT {{todo_columns(todos)}}, false AS created
-  FROM todos
+{{created_then_held}}
   JOIN batch ON todos.queue = batch.queue AND todos.idempotency_key = batch.idempotency_key
  WHERE {{live(todos.state)}}
    AND batch.id NOT IN (SELECT id FROM inserted)
