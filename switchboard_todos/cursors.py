@@ -171,7 +171,7 @@ def _array_element(value: str | int | datetime) -> str:
     if isinstance(value, datetime):
         return f'"{value.isoformat()}"'
     if isinstance(value, int):
-        return str(int(value))
+        return str(int(value))  # a bool as 1 or 0
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

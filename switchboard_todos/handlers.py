@@ -119,7 +119,7 @@ class Running:
 _running: ContextVar[Running | None] = ContextVar("switchboard_todos_running", default=None)
 
 
-class running:  # noqa: N801 - a context manager, used as `with running(todo):`
+class running:
     """Run a handler with `todo` as what `todo_cancelled` and `report_progress` speak of.
 
     A class rather than a @contextmanager generator, which cost the worker more per todo than

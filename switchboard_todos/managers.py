@@ -40,7 +40,7 @@ from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.marks import marks
 from switchboard_todos.querysets import TodoQuerySet
-from switchboard_todos.sql import queries
+from switchboard_todos.sql import CREATED_NULLS, queries
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS, State
 from switchboard_todos.validation import Seconds
 
@@ -58,24 +58,6 @@ KEY_RACE_TRIES = 10
 #: complete_many's first pause before it runs again for todos it left alone, in seconds; doubled
 #: at each try, at most 50 ms (about 0.2 s over every try).
 LEFT_ALONE_PAUSE = 0.001
-
-
-#: The columns a create's rows of new todos leave out (created_columns in sql/todos.sql): its
-#: parameters of the same names hold them (the payload as JSON text, as the database sends it).
-GIVEN = frozenset(
-    {
-        "queue",
-        "source",
-        "kind",
-        "title",
-        "payload",
-        "event_id",
-        "idempotency_key",
-        "assignee",
-        "priority",
-        "concurrency_key",
-    }
-)
 
 
 #: The commonest JSON texts of a todo's columns (a fresh todo's errors, an empty payload), made
@@ -999,7 +981,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
                     if isinstance(field, models.JSONField)
                 ],
                 extra=position[extra] if extra else None,
-                id=[field.primary_key for field in fields].index(True),
+                id=fields.index(self.model._meta.pk),
                 empty_json=(
                     {}
                     if any(
@@ -1012,7 +994,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
                 given=[
                     (index, field.attname)
                     for index, field in enumerate(fields)
-                    if field.attname in GIVEN
+                    if field.column in CREATED_NULLS
                 ],
             )
             self._layouts[columns, extra] = layout
@@ -1034,7 +1016,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
         Go service does not promise to be the model's, so values are placed by name. `extra`
         names one more column to hand back beside each Todo. A create's rows of new todos (its
         `extra`, created, true) leave out what the creator gave (created_columns in
-        sql/todos.sql): `given` gives those values (GIVEN, validated) of the todo of an id.
+        sql/todos.sql, CREATED_NULLS): `given` gives those values, validated, of the todo of an
+        id.
         """
         alias = self._db_alias
         connection = connections[alias]

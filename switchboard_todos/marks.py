@@ -76,13 +76,8 @@ class ClaimMarks(NamedTuple):
     def params(self) -> dict[str, Any]:
         """The claim's parameters: each array in its text form (cursors.array_literal)."""
         return {
-            "marks": array_literal(self.marks),
-            "tops": array_literal(self.tops),
-            "bottoms": array_literal(self.bottoms),
-            "group_queues": array_literal(self.group_queues),
-            "group_priorities": array_literal(self.group_priorities),
-            "group_marks": array_literal(self.group_marks),
-            "full_scan": self.full_scan,
+            name: array_literal(value) if isinstance(value, list) else value
+            for name, value in self._asdict().items()
         }
 
 

@@ -113,6 +113,11 @@ def _split(values: str | None) -> list[str]:
 
 SOURCE = files(__package__).joinpath("todos.sql").read_text(encoding="utf-8")
 queries = parse(SOURCE)
+#: The columns a create leaves NULL in a new todo's row (fragment created_columns): the values
+#: its creator gave, which the manager fills in from its own parameters.
+CREATED_NULLS = frozenset(
+    re.findall(r"NULL::\w+ AS (\w+)", written(SOURCE)[1]["created_columns"].body)
+)
 event_queries = parse(files(__package__).joinpath("events.sql").read_text(encoding="utf-8"))
 agent_queries = parse(files(__package__).joinpath("agents.sql").read_text(encoding="utf-8"))
 """The remote agents' statements of `agents.sql`."""

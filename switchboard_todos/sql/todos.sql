@@ -211,8 +211,9 @@ $todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure, $todo.
 $todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
 
 -- fragment: created_columns(todo)
--- todo_columns of a todo just inserted, with NULL for the values its creator gave (the manager's
--- GIVEN, filled in from its own parameters): a create does not send the payload back.
+-- todo_columns of a todo just inserted, with NULL for the values its creator gave (read as
+-- sql.CREATED_NULLS, filled in by the manager from its own parameters): a create does not send
+-- the payload back.
 $todo.id, NULL::text AS queue, NULL::text AS source, NULL::text AS kind, NULL::text AS title,
 NULL::jsonb AS payload, NULL::text AS event_id, NULL::text AS idempotency_key,
 NULL::text AS assignee, $todo.state, $todo.owner, $todo.lease_expires_at, $todo.attempt,
