@@ -16,6 +16,7 @@ from django.db.models.functions import Now
 from switchboard_todos.exceptions import InvalidTodo, WorkerCrashed
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker import Worker, WorkerStats, default_owner
+from switchboard_todos.worker.hand import Runner
 from tests import worker_handlers  # noqa: F401 (registers the handlers)
 from tests.helpers import open_gate, started_lines, wait_until
 
@@ -243,6 +244,33 @@ def test_a_handler_past_its_timeout_fails_and_a_fresh_runner_goes_on(
     open_gate(gate)  # the abandoned thread returns; its outcome is dropped
     wait_until(lambda: len(started_lines(gate)) == 1, "nothing else")
     assert Todo.objects.get(pk=hung.pk).state == State.FAILED
+
+
+def test_the_worker_goes_on_while_a_fresh_runner_starts(
+    background: Callable[[Worker], Background],
+    gate: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reproduction: the hung runner's place went to the fresh one before its thread started;
+    the supervisor, which returns once no runner's thread is alive, saw none meanwhile and
+    ended the worker. A slow thread start stands for the scheduler's delay."""
+    start = Worker._start
+
+    def slow_start(worker: Worker, runner: Runner) -> None:
+        if worker._hand.abandoned:
+            time.sleep(0.5)
+        start(worker, runner)
+
+    monkeypatch.setattr(Worker, "_start", slow_start)
+    Todo.objects.create_todo(kind="test.hang", payload=gate, max_attempts=1)
+    running = background(Worker(concurrency=1, listen=False, poll_interval=0.05))
+    wait_until(lambda: started_lines(gate), "the handler to start")
+    after, _ = Todo.objects.create_todo(kind="test.noop")
+    wait_until(lambda: Todo.objects.get(pk=after.pk).state == State.DONE, "the next todo")
+    open_gate(gate)
+    assert running.thread.is_alive(), running.stats
+    running.worker.stop()
+    assert running.join().done == 1
 
 
 def test_the_worker_timeout_applies_to_handlers_without_their_own(

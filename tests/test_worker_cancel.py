@@ -78,3 +78,29 @@ def test_the_worker_stops_waiting_for_a_handler_that_ignores_the_cancel(
     dead = Todo.objects.get(pk=todo.pk)
     assert (dead.state, dead.result) == (State.FAILED, CANCELLED)
     assert "cancelled=1" in child.output and "done=1" in child.output, child.output
+
+
+def test_a_success_before_a_cancelled_handler_is_stored(spawn: Spawn, gate: dict[str, str]) -> None:
+    """A todo that succeeded just before, in the same batch, a handler the worker stops waiting
+    for, awaits its acknowledgement on the abandoned runner: the fresh runner stores it, rather
+    than the heartbeats keeping its lease while the stuck handler runs on."""
+    child = Child(spawn, "--ttl", str(TTL), "--concurrency", "1")
+    first, _ = Todo.objects.create_todo(kind="test.noop")
+    wait_until(lambda: Todo.objects.get(pk=first.pk).state == State.DONE, "a first todo done")
+    (quick, _), (stuck, _) = Todo.objects.create_many(
+        [{"kind": "test.noop", "priority": 1}, {"kind": "test.stubborn", "payload": gate}]
+    )
+    wait_until(lambda: started_lines(gate), "the stuck handler to start")
+    # Its success awaits the batch's acknowledgement behind the stuck handler.
+    assert Todo.objects.get(pk=quick.pk).state == State.CLAIMED
+    Todo.objects.cancel(stuck.id, "wrong customer")
+    wait_until(
+        lambda: Todo.objects.get(pk=quick.pk).state == State.DONE,
+        "the quick todo stored while the stuck handler runs",
+        timeout=TTL * 3,
+    )
+    assert not Path(gate["gate"]).exists()
+    open_gate(gate)
+    child.signal(signal.SIGTERM)
+    assert child.exit_code() == 0, child.output
+    assert "done=2" in child.output and "cancelled=1" in child.output, child.output

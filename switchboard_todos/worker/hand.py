@@ -62,7 +62,7 @@ class Runner:
     def __init__(self, index: int) -> None:
         self.index = index
         self.thread: threading.Thread | None = None
-        self.abandoned = False  # its handler ran past its timeout; a fresh runner took its place
+        self.abandoned = False  # its handler overran or was cancelled; a fresh runner took over
         self.batch: deque[Held] = deque()
         self.acks: dict[str, tuple[Held, Any, float]] = {}
         self.oldest_ack = 0.0

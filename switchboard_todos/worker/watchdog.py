@@ -98,17 +98,29 @@ class Watchdog:
         self._replace(held.runner)
 
     def _replace(self, runner: Runner | None) -> None:
-        """Give the place of `runner`, whose thread is stuck in a handler, to a fresh one."""
+        """Give the place of `runner`, whose thread is stuck in a handler, to a fresh one.
+
+        The fresh runner takes the successes awaiting their acknowledgement and stores them
+        first, stopping or not: left behind, they would keep their leases, heartbeat after
+        heartbeat, until the stuck handler returned.
+        """
         hand = self.hand
         if runner is None or runner.abandoned:
             return
         runner.abandoned = True
         self.executor.release_batch(runner)
+        fresh = Runner(runner.index)
+        fresh.acks, runner.acks = runner.acks, {}
+        fresh.oldest_ack = runner.oldest_ack
         with hand.lock:
             hand.abandoned = [r for r in hand.abandoned if r.thread and r.thread.is_alive()]
             hand.abandoned.append(runner)
             hung = len(hand.abandoned)
-            fresh = Runner(runner.index)
+        if hung <= hand.concurrency:
+            # Started before it takes the place: the supervisor, which returns once no
+            # runner's thread is alive, never sees the place without one.
+            self._start(fresh)
+        with hand.lock:
             hand.runners[hand.runners.index(runner)] = fresh
         if hung > hand.concurrency:
             logger.error(
@@ -119,10 +131,8 @@ class Watchdog:
             )
             with hand.lock:
                 hand.crashed.append(f"{hung} hung handler threads")
+            self.executor.flush(fresh)
             self._abort()
-            return
-        if not hand.stopping.is_set():
-            self._start(fresh)
 
     def _release_stuck_batches(self) -> None:
         """Release the waiting todos of any batch stuck behind a handler that overran."""

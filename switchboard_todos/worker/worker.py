@@ -189,7 +189,8 @@ class Worker:
         hand, claimer, executor = self._hand, self._claimer, self._executor
         schedule = PollSchedule(self.poll_interval, self._listeners)
         try:
-            while not hand.stopping.is_set():
+            # An abandoned runner claims no more: its place and its batch went to a fresh one.
+            while not hand.stopping.is_set() and not runner.abandoned:
                 if not runner.batch:
                     executor.flush(runner)
                     claimed = claimer.claim(runner)
@@ -204,8 +205,6 @@ class Worker:
                 except IndexError:
                     continue  # taken by the supervisor, which released it
                 executor.execute(runner, held)
-                if runner.abandoned:
-                    return  # a fresh runner took its place and its todos
                 if executor.ack_due(runner):
                     executor.flush(runner)
             executor.release_batch(runner)
