@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from switchboard_todos.exceptions import InvalidTodo, WorkerCrashed
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker import Worker, WorkerStats, default_owner
-from switchboard_todos.worker.hand import Runner
+from switchboard_todos.worker.hand import Held, Runner
 from tests import worker_handlers  # noqa: F401 (registers the handlers)
 from tests.helpers import open_gate, started_lines, wait_until
 
@@ -271,6 +271,29 @@ def test_the_worker_goes_on_while_a_fresh_runner_starts(
     assert running.thread.is_alive(), running.stats
     running.worker.stop()
     assert running.join().done == 1
+
+
+def test_a_success_the_watchdog_gave_up_on_is_told_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Reproduction: a handler that returned just as the watchdog stopped waiting for it (its
+    todo cancelled) left its success with the runner, and the next flush told the cancel again
+    and counted it twice. The race is set up as it ends: the watchdog has told it, and the
+    success waits for the flush."""
+    Todo.objects.create_todo(kind="test.noop")
+    worker = Worker(concurrency=1, listen=False)
+    [todo] = Todo.objects.claim_batch(["default"], worker.owner, worker.ttl, 1)
+    Todo.objects.cancel(todo.id, "wrong customer")
+    held = Held(todo, time.monotonic())
+    held.running.cancelled = held.dropped = held.returned = True
+    runner = worker._hand.runners[0]
+    runner.acks[todo.id] = (held, {"late": True}, 0.0)
+    with caplog.at_level(logging.INFO, "switchboard_todos.worker"):
+        worker._executor.cancelled(held, 0.0)
+        worker._executor.flush(runner)
+    assert (worker.stats.cancelled, worker.stats.done, worker.stats.lost) == (1, 0, 0)
+    assert caplog.text.count("cancelled by an operator") == 1
+    assert Todo.objects.get(pk=todo.pk).result == {"type": "Cancelled", "message": "wrong customer"}
 
 
 def test_the_worker_timeout_applies_to_handlers_without_their_own(

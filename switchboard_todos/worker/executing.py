@@ -117,6 +117,9 @@ class Executor:
         acks, runner.acks = runner.acks, {}
         by_database: dict[str, dict[str, tuple[Held, Any, float]]] = {}
         for todo_id, ack in acks.items():
+            if ack[0].dropped:
+                # Its handler returned as the watchdog gave up on it, which said why.
+                continue
             by_database.setdefault(database_of(ack[0].todo), {})[todo_id] = ack
         for alias, database_acks in by_database.items():
             self._flush_database(runner, alias, database_acks)
