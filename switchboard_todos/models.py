@@ -530,6 +530,9 @@ class Queue(models.Model):
     #: The rate limit's current window (its start) and the claims made in it.
     rate_window = models.DateTimeField(null=True, blank=True, editable=False)
     rate_count = models.IntegerField(default=0, editable=False)
+    #: Where the next claim starts looking for free slots of the concurrency limit (counted
+    #: from 0): past the slots the claim before it took, which its snapshot may not show.
+    slot_cursor = models.IntegerField(default=0, db_default=0, editable=False)
     created_at = models.DateTimeField(db_default=_now(), editable=False)
     updated_at = models.DateTimeField(db_default=_now(), editable=False)
 

@@ -147,7 +147,8 @@ END
 -- one before it left it (the rate count), even if it changed after this statement began.
 -- Queues without such a row are not here: nothing limits them, and nothing is locked.
 room AS MATERIALIZED (
-    SELECT settings.name AS queue, settings.concurrency_limit, {{room_of(settings)}} AS room
+    SELECT settings.name AS queue, settings.concurrency_limit, settings.slot_cursor,
+           {{room_of(settings)}} AS room
       FROM todo_queues AS settings
      WHERE settings.name = ANY ($queues)
        AND (settings.paused OR settings.rate_limit IS NOT NULL
@@ -158,47 +159,66 @@ room AS MATERIALIZED (
 -- fragment: slot(limit)
 -- The "free_slot" and "slot" CTEs of a claim: for each todo picked from a queue with a
 -- concurrency limit, a free slot (1 to the limit) that no claimed todo of the queue holds. The
--- free slots are found once per queue, lowest first, probing the index for each number only
--- until the claim has as many as it may take (at most `limit`); the picks take them in turn
--- (in_queue). Two
--- claims that picked the same free slot (each blind to the other's uncommitted claim) are
--- settled by idx_todos_slot: one claimed todo per slot; the claim that loses runs again
--- (managers.py), as for concurrency keys.
+-- free slots are found once per queue, probing the index for each number only until the claim
+-- has as many as it may take (at most `limit`); the picks take them in turn (in_queue).
+-- The probe starts at the queue's slot_cursor, where the claim before it stopped (counted
+-- moves it), and goes round: the claims of a limited queue run one at a time (room), but each
+-- reads the claimed todos in the snapshot it began with, blind to the slots the claim it
+-- waited for took; from slot 1 on, it picked those again, hit idx_todos_slot, and ran again
+-- (managers.py), as two claims racing for a concurrency key do. `step` counts from 0 round
+-- the ring of slots, from where the queue's cursor was.
 free_slot AS MATERIALIZED (
-    SELECT room.queue, free.slot, row_number() OVER (PARTITION BY room.queue) AS nth
+    SELECT room.queue, free.step, free.slot, row_number() OVER (PARTITION BY room.queue) AS nth
       FROM room
      CROSS JOIN LATERAL (
-            SELECT number AS slot
-              FROM generate_series(1, room.concurrency_limit) AS number
+            SELECT step, ring.slot
+              FROM generate_series(0, room.concurrency_limit - 1) AS step
+             CROSS JOIN LATERAL (
+                    SELECT mod(room.slot_cursor + step, room.concurrency_limit) + 1 AS slot
+                   ) AS ring
              WHERE NOT EXISTS (
                     SELECT FROM todos AS holder
                      WHERE holder.queue = room.queue AND holder.state = 'claimed'
-                       AND holder.slot = number)
+                       AND holder.slot = ring.slot)
              LIMIT least(room.room, $limit)
            ) AS free
      WHERE room.concurrency_limit IS NOT NULL
 ),
 slot AS MATERIALIZED (
-    SELECT picked.id, free_slot.slot
+    SELECT picked.id, free_slot.step, free_slot.slot
       FROM picked
       JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
 )
 
 -- fragment: counted
 -- The "counted" CTE of a claim: the todos it claimed from each rate-limited queue added to its
--- rate window's count (a new window starts again from zero).
+-- rate window's count (a new window starts again from zero), unless a later claim has closed
+-- the window this one began in; and the slot cursor of each queue with a concurrency limit
+-- moved past the last slot it took (the "slot" CTE).
 counted AS (
     UPDATE todo_queues AS settings
-       SET rate_count = CASE WHEN settings.rate_window = {{rate_window(settings)}}
-                             THEN settings.rate_count ELSE 0 END + claims.count,
-           rate_window = {{rate_window(settings)}}
-      FROM (SELECT queue, count(*) AS count
+       SET rate_count = CASE WHEN NOT {{counts_rate(settings)}} THEN settings.rate_count
+                             WHEN settings.rate_window = {{rate_window(settings)}}
+                             THEN settings.rate_count + claims.count
+                             ELSE claims.count END,
+           rate_window = CASE WHEN {{counts_rate(settings)}} THEN {{rate_window(settings)}}
+                              ELSE settings.rate_window END,
+           slot_cursor = coalesce(mod(settings.slot_cursor + claims.last_step + 1,
+                                      settings.concurrency_limit), settings.slot_cursor)
+      FROM (SELECT claimed.queue, count(*) AS count, max(slot.step) AS last_step
               FROM claimed
-             WHERE queue IN (SELECT queue FROM room)
-             GROUP BY queue) AS claims
-     WHERE settings.name = claims.queue AND settings.rate_limit IS NOT NULL
-       AND (settings.rate_window IS NULL OR settings.rate_window <= {{rate_window(settings)}})
+              LEFT JOIN slot ON slot.id = claimed.id
+             WHERE claimed.queue IN (SELECT queue FROM room)
+             GROUP BY claimed.queue) AS claims
+     WHERE settings.name = claims.queue
+       AND ({{counts_rate(settings)}} OR claims.last_step IS NOT NULL)
 )
+
+-- fragment: counts_rate(settings)
+-- Whether a claim adds what it took to the rate window of `settings` (a todo_queues row): the
+-- queue has a rate limit, and no later claim has closed the window this statement is in.
+($settings.rate_limit IS NOT NULL
+ AND ($settings.rate_window IS NULL OR $settings.rate_window <= {{rate_window($settings)}}))
 
 -- fragment: todo_columns(todo)
 -- Every column of `todo`, in the model's order: what a statement returns when its branches must
@@ -531,7 +551,9 @@ now() + coalesce((SELECT %(ttl)s::interval),
 -- fragment: set_claimed
 -- What a claim writes: the lease to %(owner)s (lease_end), one more attempt, its slot in a
 -- queue with a concurrency limit (the "slot" CTE). A claim that takes over a lapsed lease
--- records the lapsed attempt in the failure history.
+-- records the lapsed attempt in the failure history. The slots are gathered once into a JSON
+-- object, id to slot, that each row looks itself up in: a subquery over "slot" per row read
+-- the whole CTE for each todo claimed, a cost that grew with the square of the batch.
 SET state = 'claimed',
     owner = %(owner)s,
     lease_expires_at = {{lease_end(todos)}},
@@ -542,7 +564,7 @@ SET state = 'claimed',
              ELSE errors END,
     errors_dropped = CASE WHEN state = 'claimed' THEN {{errors_dropped_with}}
                      ELSE errors_dropped END,
-    slot = (SELECT slot.slot FROM slot WHERE slot.id = todos.id),
+    slot = ((SELECT jsonb_object_agg(slot.id, slot.slot) FROM slot) ->> todos.id)::smallint,
     updated_at = now()
 
 -- fragment: max_attempts_of(given, queue)
