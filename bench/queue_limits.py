@@ -109,7 +109,7 @@ def run(bench: Bench) -> None:
             "description": "steered",
             "visibility_timeout": timedelta(minutes=5),
         },
-        "a concurrency limit not reached": {"concurrency_limit": 1000},
+        "a concurrency limit not reached": {"concurrency_limit": 10_000},
     }
     for label, settings in rows.items():
         for workers in bench.workers:

@@ -13,6 +13,11 @@ from switchboard_todos.worker.hand import Hand, Held, Runner
 
 #: The claim-to-start delay a batch may add to its last todo, in seconds (and at most TTL/10).
 PREFETCH_WINDOW = 0.2
+#: The most todos a runner claims at once (`Worker(batch_size=)`): reached only by handlers
+#: quicker than PREFETCH_WINDOW / 400 (0.5 ms). Each claim and acknowledgement has a cost of
+#: its own, which 400 todos share (docs/benchmarks.md: 100 left 0.77 of the raw loop at 8
+#: processes, 400 gave 0.97; 1000 gave 0.82, its batches too big for the drain's end).
+DEFAULT_BATCH_SIZE = 400
 
 
 class Claimer:

@@ -18,7 +18,7 @@ from switchboard_todos.exceptions import WorkerCrashed
 from switchboard_todos.listen import Doorbell, Listener, PollSchedule
 from switchboard_todos.queues import QueueSelection
 from switchboard_todos.shutdown import Shutdown
-from switchboard_todos.worker.claiming import Claimer
+from switchboard_todos.worker.claiming import DEFAULT_BATCH_SIZE, Claimer
 from switchboard_todos.worker.databases import Databases
 from switchboard_todos.worker.executing import Executor
 from switchboard_todos.worker.hand import Hand, Runner, WorkerStats, logger
@@ -55,7 +55,7 @@ class Worker:
         concurrency: int = 1,
         ttl: float | timedelta = 30.0,
         owner: str | None = None,
-        batch_size: int = 100,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         listen: bool | None = None,
         poll_interval: float = 1.0,
         max_todos: int | None = None,

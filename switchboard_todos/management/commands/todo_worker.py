@@ -17,6 +17,7 @@ from switchboard_todos.management import cli
 from switchboard_todos.management.base import chosen_databases
 from switchboard_todos.queues import EVERY
 from switchboard_todos.worker import Worker
+from switchboard_todos.worker.claiming import DEFAULT_BATCH_SIZE
 
 
 def _ttl(text: str) -> float:
@@ -77,8 +78,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--batch-size",
             type=cli.at_most(validation.CLAIM_BATCH_LIMIT),
-            default=100,
-            help="Most todos claimed at once, for quick handlers (default: 100).",
+            default=DEFAULT_BATCH_SIZE,
+            help=f"Most todos claimed at once, for quick handlers (default: {DEFAULT_BATCH_SIZE}).",
         )
         parser.add_argument(
             "--owner",
