@@ -3,10 +3,10 @@
 No row means the defaults; the admin's Queues page and `manage.py todo_queue` make a queue's
 row the first time they set something on it. A row lives in the database its queue's todos
 live in (placement.py), where the claims, creations and the reaper read it. Every write here is
-one statement that sets the columns it names and no others: the claims' rate counters
-(`rate_window`, `rate_count`) are never written, and two operators setting different things
-at once both keep theirs. Each change is logged to `switchboard_todos.queues`; the admin also
-records it in the queue's History.
+one statement that sets the columns it names and no others: what the claims keep there (the
+rate counters `rate_window` and `rate_count`, the `slot_cursor`) is never written, and two
+operators setting different things at once both keep theirs. Each change is logged to
+`switchboard_todos.queues`; the admin also records it in the queue's History.
 """
 
 from __future__ import annotations
