@@ -185,7 +185,7 @@ def fill_for_plans() -> None:
 
 
 @pytest.mark.parametrize("queues", [None, ["mail", "sms"]])
-def test_purge_walks_the_finished_index(db: None, queues: list[str] | None) -> None:
+def test_purge_walks_the_finished_index(db: None, vacuumed: None, queues: list[str] | None) -> None:
     """With many live and finished todos, a batch and a dry run read idx_todos_finished only."""
     fill_for_plans()
     params: dict[str, Any] = {
