@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 from functools import cached_property
 from operator import itemgetter
 from types import MappingProxyType
@@ -40,7 +41,7 @@ from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.marks import marks
 from switchboard_todos.querysets import TodoQuerySet
-from switchboard_todos.sql import CREATED_NULLS, queries
+from switchboard_todos.sql import CREATED_FRESH, CREATED_NULLS, queries
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS, State
 from switchboard_todos.validation import Seconds
 
@@ -75,7 +76,10 @@ class _Layout(NamedTuple):
     id: int
     #: The JSON texts read without parsing (EMPTY_JSON), unless a JSON field has a decoder.
     empty_json: Mapping[str, Callable[[], Any]]
+    #: Where a create's row leaves out what its creator gave (CREATED_NULLS), by field name;
     given: list[tuple[int, str]]
+    #: and what every new todo starts with (CREATED_FRESH), as the database would send it.
+    fresh: list[tuple[int, Any]]
 
 
 class _GraphNotCreated(Exception):
@@ -211,9 +215,9 @@ class TodoManager(_TodoManagerBase["Todo"]):
 
     def _create_many(self, batch: list[dict[str, Any]]) -> list[tuple[Todo, bool]]:
         """Run `create_many` with validated parameters, all of this manager's database."""
-        from switchboard_todos.models import new_todo_id
+        from switchboard_todos.models import new_todo_ids
 
-        ids = [new_todo_id() for _ in batch]
+        ids = new_todo_ids(len(batch))
         columns = {
             **_batch_rows(batch, ids),
             "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
@@ -242,9 +246,9 @@ class TodoManager(_TodoManagerBase["Todo"]):
         self, batch: list[dict[str, Any]], refs: list[str | None]
     ) -> list[tuple[Todo, bool]]:
         """Run `create_graph`: the batch whole or not at all (see create_many)."""
-        from switchboard_todos.models import new_todo_id
+        from switchboard_todos.models import new_todo_ids
 
-        graph = graphs.plan(batch, refs, [new_todo_id() for _ in batch])
+        graph = graphs.plan(batch, refs, new_todo_ids(len(batch)))
         columns = {
             **_batch_rows(
                 batch,
@@ -994,7 +998,12 @@ class TodoManager(_TodoManagerBase["Todo"]):
                 given=[
                     (index, field.attname)
                     for index, field in enumerate(fields)
-                    if field.column in CREATED_NULLS
+                    if field.column in CREATED_NULLS - CREATED_FRESH
+                ],
+                fresh=[
+                    (index, _fresh_value(field))
+                    for index, field in enumerate(fields)
+                    if field.column in CREATED_FRESH
                 ],
             )
             self._layouts[columns, extra] = layout
@@ -1017,7 +1026,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         names one more column to hand back beside each Todo. A create's rows of new todos (its
         `extra`, created, true) leave out what the creator gave (created_columns in
         sql/todos.sql, CREATED_NULLS): `given` gives those values, validated, of the todo of an
-        id.
+        id, and the columns' defaults fill in the rest (CREATED_FRESH).
         """
         alias = self._db_alias
         connection = connections[alias]
@@ -1034,6 +1043,8 @@ class TodoManager(_TodoManagerBase["Todo"]):
                 inserted = given(values[layout.id])
                 for index, attname in layout.given:
                     values[index] = inserted[attname]
+                for index, value in layout.fresh:
+                    values[index] = value
             for index, field in layout.json:
                 text = values[index]
                 if text is not None:
@@ -1258,6 +1269,18 @@ def _instances(model: type[Todo], alias: str, attnames: list[str]) -> Callable[[
         return instance
 
     return build
+
+
+def _fresh_value(field: models.Field[Any, Any]) -> Any:
+    """What a new todo's row holds in `field` (CREATED_FRESH) as the database sends it: its
+    db_default (JSON as text, parsed with the row's other JSON), else NULL."""
+    default = field.db_default
+    if default is models.NOT_PROVIDED:
+        return None
+    value = default.value if isinstance(default, models.Value) else default
+    if isinstance(field, models.JSONField):
+        return json.dumps(value)
+    return value.value if isinstance(value, Enum) else value  # State.PENDING: "pending"
 
 
 def run_now(coroutine: Coroutine[Any, Any, R]) -> R:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -13,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos import validation
 from switchboard_todos.exceptions import InvalidTodo
-from switchboard_todos.models import Event, State, Todo
+from switchboard_todos.models import Event, State, Todo, new_todo_id, new_todo_ids
 from tests.helpers import MakeTodo
 
 
@@ -214,10 +215,11 @@ def test_create_many_stores_what_create_todo_stores(db: None) -> None:
 
 
 def test_a_create_does_not_read_back_what_it_sent(make_todo: MakeTodo) -> None:
-    """A new todo's row comes back without the values its creator gave (created_columns in
-    sql/todos.sql: the payload is not sent back), yet the Todo each create returns holds every
-    field as a later read of it does; a todo that holds the key comes back whole."""
-    from switchboard_todos.sql import queries
+    """A new todo's row comes back without the values its creator gave and those every new todo
+    starts with (created_columns in sql/todos.sql: the payload is not sent back), yet the Todo
+    each create returns holds every field as a later read of it does; a todo that holds the key
+    comes back whole."""
+    from switchboard_todos.sql import CREATED_FRESH, CREATED_NULLS, queries
 
     held = make_todo(queue="q", idempotency_key="taken", payload={"old": True})
     parent, _ = Todo.objects.create_todo(kind="parent")
@@ -259,6 +261,11 @@ def test_a_create_does_not_read_back_what_it_sent(make_todo: MakeTodo) -> None:
         row = dict(zip(names, cursor.fetchone(), strict=True))
     assert row["created"] and row["id"] and row["created_at"]
     assert row["payload"] is row["queue"] is row["kind"] is None
+    # Nor what every new todo starts with: the model's defaults fill those in.
+    assert CREATED_FRESH < CREATED_NULLS
+    assert row["state"] is row["errors"] is row["attempt"] is row["awaited"] is None
+    assert type(made[0][0].state) is str and made[0][0].errors == []
+    assert made[0][0].errors is not made[2][0].errors  # each its own list
 
 
 def test_create_many_deduplicates_within_and_across_batches(make_todo: MakeTodo) -> None:
@@ -368,3 +375,16 @@ def test_enqueue_many_refuses_keys_and_bad_rows_before_writing(db: None) -> None
         Todo.objects.enqueue_many([{"kind": "k", "colour": "red"}])
     assert not Todo.objects.exists()
     assert Todo.objects.enqueue_many([]) == 0
+
+
+def test_a_batch_of_ids_is_random_uuids_of_version_4() -> None:
+    """create_many's ids, made many at a time from one read of os.urandom, are what
+    uuid.uuid4() makes: version 4, the RFC 4122 variant, each digit random."""
+    ids = new_todo_ids(2000)
+    parsed = [uuid.UUID(todo_id.removeprefix("td_")) for todo_id in ids]
+    assert all(todo_id.startswith("td_") for todo_id in ids)
+    assert {(one.version, one.variant) for one in parsed} == {(4, uuid.RFC_4122)}
+    assert [f"td_{one}" for one in parsed] == ids and len(set(ids)) == 2000
+    # The variant digit takes each of its four values: its two free bits are random.
+    assert {todo_id[22] for todo_id in ids} == set("89ab")
+    assert new_todo_id() != new_todo_id() and new_todo_ids(0) == []

@@ -114,9 +114,27 @@ def _split(values: str | None) -> list[str]:
 SOURCE = files(__package__).joinpath("todos.sql").read_text(encoding="utf-8")
 queries = parse(SOURCE)
 #: The columns a create leaves NULL in a new todo's row (fragment created_columns): the values
-#: its creator gave, which the manager fills in from its own parameters.
+#: its creator gave, which the manager fills in from its own parameters, and CREATED_FRESH.
 CREATED_NULLS = frozenset(
     re.findall(r"NULL::\w+ AS (\w+)", written(SOURCE)[1]["created_columns"].body)
+)
+#: Of CREATED_NULLS, the columns every new todo starts with at their defaults, whoever created
+#: it: the manager fills them in from the model's fields (their db_default, else NULL).
+CREATED_FRESH = frozenset(
+    {
+        "state",
+        "owner",
+        "lease_expires_at",
+        "attempt",
+        "slot",
+        "result",
+        "errors",
+        "errors_dropped",
+        "progress",
+        "awaited",
+        "claimed_at",
+        "completed_at",
+    }
 )
 event_queries = parse(files(__package__).joinpath("events.sql").read_text(encoding="utf-8"))
 agent_queries = parse(files(__package__).joinpath("agents.sql").read_text(encoding="utf-8"))

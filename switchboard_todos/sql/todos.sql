@@ -231,16 +231,25 @@ $todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure, $todo.
 $todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
 
 -- fragment: created_columns(todo)
--- todo_columns of a todo just inserted, with NULL for the values its creator gave (read as
--- sql.CREATED_NULLS, filled in by the manager from its own parameters): a create does not send
--- the payload back.
+-- todo_columns of a todo just inserted, with NULL for the values its creator gave and for those
+-- every new todo starts with (read as sql.CREATED_NULLS; the manager fills the first in from its
+-- own parameters and the second, sql.CREATED_FRESH, from the columns' defaults): a create sends
+-- back only what the database decided. `todo` holds inserted_columns.
 $todo.id, NULL::text AS queue, NULL::text AS source, NULL::text AS kind, NULL::text AS title,
 NULL::jsonb AS payload, NULL::text AS event_id, NULL::text AS idempotency_key,
-NULL::text AS assignee, $todo.state, $todo.owner, $todo.lease_expires_at, $todo.attempt,
-$todo.max_attempts, NULL::smallint AS priority, NULL::text AS concurrency_key, $todo.slot,
-$todo.next_retry_at, $todo.result, $todo.errors, $todo.errors_dropped, $todo.progress,
-$todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure, $todo.children,
-$todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
+NULL::text AS assignee, NULL::text AS state, NULL::text AS owner,
+NULL::timestamptz AS lease_expires_at, NULL::int AS attempt, $todo.max_attempts,
+NULL::smallint AS priority, NULL::text AS concurrency_key, NULL::smallint AS slot,
+$todo.next_retry_at, NULL::jsonb AS result, NULL::jsonb AS errors, NULL::int AS errors_dropped,
+NULL::jsonb AS progress, NULL::boolean AS awaited, $todo.parents, $todo.waiting_for,
+$todo.on_parent_failure, $todo.children, $todo.created_at, $todo.updated_at,
+NULL::timestamptz AS claimed_at, NULL::timestamptz AS completed_at
+
+-- fragment: inserted_columns
+-- What the "inserted" CTE of a create returns: the columns of created_columns, and the queue
+-- (its notification). Not `*`: the rest would be stored for the answer and never read.
+id, queue, max_attempts, next_retry_at, parents, waiting_for, on_parent_failure, children,
+created_at, updated_at
 
 -- fragment: created_then_held
 -- The answer of a create, after its "notified" CTE has run: the todos of "inserted" (created),
@@ -602,7 +611,7 @@ WITH inserted AS (
             %(priority)s, %(concurrency_key)s,
             CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
     {{unless_key_held}}
-    RETURNING *
+    RETURNING {{inserted_columns}}
 ),
 {{created_or_held}};
 
@@ -631,7 +640,7 @@ inserted AS (
            %(on_parent_failure)s, CASE WHEN waiting.count > 0 THEN {{blocked}} END
       FROM waiting
     {{unless_key_held}}
-    RETURNING *
+    RETURNING {{inserted_columns}}
 ),
 linked AS (
     UPDATE todos
@@ -656,7 +665,7 @@ inserted AS (
            priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
       FROM batch
     {{unless_key_held}}
-    RETURNING *
+    RETURNING {{inserted_columns}}
 ),
 {{created_or_held_many}};
 
@@ -698,7 +707,7 @@ inserted AS (
            ) AS waiting
      WHERE (SELECT ok FROM usable)
     {{unless_key_held}}
-    RETURNING *
+    RETURNING {{inserted_columns}}
 ),
 linked AS (
     UPDATE todos
