@@ -144,6 +144,45 @@ def test_timestamps_are_read_as_django_reads_them(
     assert (claimed.created_at.tzinfo is None) is not use_tz
 
 
+def test_a_connection_keeps_one_cursor_for_the_statements(db: None, settings: Any) -> None:
+    """The statements of a connection run on one cursor, handed out again after each close,
+    its results dropped; one asked for while it is in use is another, each reading its own
+    results; a change of USE_TZ makes another, reading timestamps as Django then does."""
+    with cursors.cursor(connection) as first:
+        first.execute("SELECT 1")
+        with cursors.cursor(connection) as nested:
+            nested.execute("SELECT 2")
+            assert nested.fetchall() == [(2,)]
+        assert first.fetchall() == [(1,)]
+    assert nested.cursor is not first.cursor
+    with cursors.cursor(connection) as again:
+        assert again.cursor is first.cursor and again.cursor.pgresult is None
+    Todo.objects.create_todo(kind="k")
+    settings.USE_TZ = False
+    with cursors.cursor(connection) as naive:
+        naive.execute("SELECT now()")
+        [(now,)] = naive.fetchall()
+    assert naive.cursor is not first.cursor and now.tzinfo is None
+    assert Todo.objects.claim_next("default", "w1", 30).created_at.tzinfo is None  # type: ignore[union-attr]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_connection_gets_a_new_cursor() -> None:
+    """The kept cursor goes with its psycopg connection: once Django connects again, the
+    statements run on a cursor of the new one."""
+    Todo.objects.create_todo(kind="k")
+    with cursors.cursor(connection) as before:
+        before.execute("SELECT pg_backend_pid()")
+        [(old_pid,)] = before.fetchall()
+    connection.close()
+    with cursors.cursor(connection) as after:
+        after.execute("SELECT pg_backend_pid()")
+        [(new_pid,)] = after.fetchall()
+    assert after.cursor is not before.cursor and new_pid != old_pid
+    assert after.cursor.connection is connection.connection
+    assert Todo.objects.claim_next("default", "w1", 30) is not None
+
+
 @pytest.fixture
 def another_service() -> Iterator[psycopg.Connection[Any]]:
     """A connection of another service sharing the table; the columns it adds are dropped after."""
