@@ -16,30 +16,29 @@ from bench.harness import Row
 #: How far below its recorded figure a ratio may fall before the run says so.
 DROP = 0.1
 
-#: Row name -> ours/raw, as docs/benchmarks.md records it (the runs of 2026-12-05 07:16-07:32;
-#: the worker's rows, HTTP agents and queue settings from 10:07-10:16).
+#: Row name -> ours/raw, as docs/benchmarks.md records it (the run of 2026-12-05 12:33-12:51).
 RECORDED: dict[str, float] = {
-    "enqueue one at a time, create_todo": 0.63,
+    "enqueue one at a time, create_todo": 0.70,
     "enqueue in batches of 500, create_many": 0.40,
-    "enqueue in batches of 500, enqueue_many": 0.71,
-    "enqueue in batches of 1000, create_many": 0.43,
-    "enqueue in batches of 1000, enqueue_many": 0.74,
-    "drain, claim_next + complete, 1 process": 0.61,
-    "drain, claim_next + complete, 4 processes": 0.60,
-    "drain, claim_next + complete, 8 processes": 0.53,
-    "drain, Worker with a no-op handler, 1 process": 1.07,
-    "drain, Worker with a no-op handler, 4 processes": 0.95,
-    "drain, Worker with a no-op handler, 8 processes": 0.92,
-    "HTTP agents, claim + complete, 4 agents": 0.42,
-    "drain, one database, Workers on both queues, 8 processes": 0.97,
-    "drain, two databases, Workers on both queues, 8 processes": 0.92,
-    "hostile agent (long polls): 4 agents claim + complete": 0.93,
-    "drain with a queue row that limits nothing, 1 process": 1.00,
-    "drain with a queue row that limits nothing, 4 processes": 0.96,
-    "drain with a queue row that limits nothing, 8 processes": 1.01,
-    "drain with a concurrency limit not reached, 1 process": 0.90,
-    "drain with a concurrency limit not reached, 4 processes": 0.40,
-    "drain with a concurrency limit not reached, 8 processes": 0.28,
+    "enqueue in batches of 500, enqueue_many": 0.66,
+    "enqueue in batches of 1000, create_many": 0.52,
+    "enqueue in batches of 1000, enqueue_many": 0.70,
+    "drain, claim_next + complete, 1 process": 0.66,
+    "drain, claim_next + complete, 4 processes": 0.56,
+    "drain, claim_next + complete, 8 processes": 0.45,
+    "drain, Worker with a no-op handler, 1 process": 0.90,
+    "drain, Worker with a no-op handler, 4 processes": 0.93,
+    "drain, Worker with a no-op handler, 8 processes": 0.85,
+    "HTTP agents, claim + complete, 4 agents": 0.45,
+    "drain, one database, Workers on both queues, 8 processes": 0.95,
+    "drain, two databases, Workers on both queues, 8 processes": 0.88,
+    "hostile agent (long polls): 4 agents claim + complete": 0.96,
+    "drain with a queue row that limits nothing, 1 process": 0.87,
+    "drain with a queue row that limits nothing, 4 processes": 1.06,
+    "drain with a queue row that limits nothing, 8 processes": 0.91,
+    "drain with a concurrency limit not reached, 1 process": 0.85,
+    "drain with a concurrency limit not reached, 4 processes": 0.41,
+    "drain with a concurrency limit not reached, 8 processes": 0.23,
 }
 
 
