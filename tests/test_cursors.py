@@ -166,6 +166,23 @@ def test_a_connection_keeps_one_cursor_for_the_statements(db: None, settings: An
     assert Todo.objects.claim_next("default", "w1", 30).created_at.tzinfo is None  # type: ignore[union-attr]
 
 
+def test_a_connection_threads_share_keeps_no_cursor(db: None) -> None:
+    """While threads share the connection, each statement gets a cursor of its own: a kept one
+    could be taken by two threads at once."""
+    with cursors.cursor(connection) as kept:
+        kept.execute("SELECT 1")
+    connection.inc_thread_sharing()
+    try:
+        with cursors.cursor(connection) as first, cursors.cursor(connection) as second:
+            first.execute("SELECT 1")
+        shared = [first.cursor, second.cursor]
+    finally:
+        connection.dec_thread_sharing()
+    assert kept.cursor not in shared and shared[0] is not shared[1]
+    with cursors.cursor(connection) as again:
+        assert again.cursor is kept.cursor
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_new_connection_gets_a_new_cursor() -> None:
     """The kept cursor goes with its psycopg connection: once Django connects again, the
