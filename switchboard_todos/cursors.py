@@ -159,15 +159,15 @@ def _kept_cursor(wrapper: BaseDatabaseWrapper, connection: Connection[Any]) -> P
     (a statement run inside another's `with`), a fresh one is made, as before; and again when
     the connection or USE_TZ has changed since. A connection that threads share (Django's
     `inc_thread_sharing`) hands out a fresh cursor each time: two threads could take one."""
-    naive = wrapper.timezone is None
+    naive, shared = wrapper.timezone is None, wrapper.allow_thread_sharing
     kept: PreparingCursor | None = getattr(wrapper, KEPT_CURSOR, None)
-    reusable = (
-        kept is not None
+    if (
+        not shared
+        and kept is not None
+        and not kept.in_use
         and kept.connection is connection
         and kept.naive == naive
-        and not wrapper.allow_thread_sharing
-    )
-    if kept is not None and reusable and not kept.in_use:
+    ):
         kept.in_use = True
         return kept
     fresh = PreparingCursor(connection, naive=naive)
@@ -175,7 +175,7 @@ def _kept_cursor(wrapper: BaseDatabaseWrapper, connection: Connection[Any]) -> P
         register_tzloader(None, fresh)  # USE_TZ = False: naive, as Django reads them
     _read_timestamps_quickly(wrapper, fresh)
     fresh.in_use = True
-    if not wrapper.allow_thread_sharing and (kept is None or not kept.in_use):
+    if not shared and (kept is None or not kept.in_use):
         setattr(wrapper, KEPT_CURSOR, fresh)
     return fresh
 

@@ -14,7 +14,14 @@ from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos import validation
 from switchboard_todos.exceptions import InvalidTodo
-from switchboard_todos.models import Event, State, Todo, new_todo_id, new_todo_ids
+from switchboard_todos.models import (
+    Event,
+    State,
+    Todo,
+    new_event_id,
+    new_todo_id,
+    new_todo_ids,
+)
 from tests.helpers import MakeTodo
 
 
@@ -388,3 +395,4 @@ def test_a_batch_of_ids_is_random_uuids_of_version_4() -> None:
     # The variant digit takes each of its four values: its two free bits are random.
     assert {todo_id[22] for todo_id in ids} == set("89ab")
     assert new_todo_id() != new_todo_id() and new_todo_ids(0) == []
+    assert uuid.UUID(new_event_id().removeprefix("ev_")).version == 4
