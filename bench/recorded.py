@@ -19,9 +19,9 @@ DROP = 0.1
 #: Row name -> ours/raw, as docs/benchmarks.md records it (the run of 2026-12-05 12:33-12:51).
 RECORDED: dict[str, float] = {
     "enqueue one at a time, create_todo": 0.70,
-    "enqueue in batches of 500, create_many": 0.40,
+    "enqueue in batches of 500, create_many": 0.63,
     "enqueue in batches of 500, enqueue_many": 0.66,
-    "enqueue in batches of 1000, create_many": 0.52,
+    "enqueue in batches of 1000, create_many": 0.59,
     "enqueue in batches of 1000, enqueue_many": 0.70,
     "drain, claim_next + complete, 1 process": 0.66,
     "drain, claim_next + complete, 4 processes": 0.56,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeV
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
@@ -80,6 +81,20 @@ class _Layout(NamedTuple):
     given: list[tuple[int, str]]
     #: and what every new todo starts with (CREATED_FRESH), as the database would send it.
     fresh: list[tuple[int, Any]]
+
+
+class _NewLayout(NamedTuple):
+    """How a todo create_many inserted is built from what it sent (`TodoManager._new_todos`):
+    where each value goes (`layout`, whose `given` are filled from the creator's parameters),
+    what every new todo starts with (`fresh`, each field's database default), and where the
+    values the database decided go."""
+
+    layout: _Layout
+    fresh: list[Any]
+    max_attempts: int
+    next_retry_at: int
+    created_at: int
+    updated_at: int
 
 
 class _GraphNotCreated(Exception):
@@ -218,22 +233,33 @@ class TodoManager(_TodoManagerBase["Todo"]):
         from switchboard_todos.models import new_todo_ids
 
         ids = new_todo_ids(len(batch))
+        sent = list(zip(ids, batch, strict=True))
         columns = {
             **_batch_rows(batch, ids),
             "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
         }
-        by_id: dict[str, Todo] = {}
-        live: dict[tuple[str, str | None], Todo] = {}
-        sent = dict(zip(ids, batch, strict=True))
-        for todo, _created in self._run(
-            "create_many", columns, extra="created", given=sent.__getitem__
-        ):
-            by_id[todo.id] = todo
-            live[todo.queue, todo.idempotency_key] = todo
+        with self._cursor() as cursor:
+            cursor.execute(queries["create_many"], columns)
+            ((now, defaults, missed, scheduled, next_retry_at),) = cursor.fetchall()
+        made = self._new_todos(
+            sent,
+            now,
+            json.loads(defaults or "{}"),
+            set(missed),
+            dict(zip(scheduled or (), next_retry_at or (), strict=True)),
+        )
+        held = self._key_holders([params for todo_id, params in sent if todo_id in missed])
+        self._signal(
+            "create_many",
+            lambda: [(todo, True) for todo in made.values()] + [(todo, False) for todo in held],
+        )
+        live = {(todo.queue, todo.idempotency_key): todo for todo in held}
+        live.update(((todo.queue, todo.idempotency_key), todo) for todo in made.values())
         results: list[tuple[Todo, bool]] = []
-        for todo_id, params in zip(ids, batch, strict=True):
-            if todo_id in by_id:
-                results.append((by_id[todo_id], True))
+        for todo_id, params in sent:
+            todo = made.get(todo_id)
+            if todo is not None:
+                results.append((todo, True))
                 continue
             key = (params["queue"], params["idempotency_key"])
             if key not in live:
@@ -241,6 +267,53 @@ class TodoManager(_TodoManagerBase["Todo"]):
                 live[key] = self._create(params)[0]
             results.append((live[key], False))
         return results
+
+    def _key_holders(self, batch: list[dict[str, Any]]) -> list[Todo]:
+        """The live todos that hold the idempotency keys of `batch` (one query, none for an
+        empty batch): those of the rows create_many did not insert."""
+        if not batch:
+            return []
+        wanted = {(params["queue"], params["idempotency_key"]) for params in batch}
+        found = self.filter(
+            queue__in={queue for queue, _ in wanted},
+            idempotency_key__in={key for _, key in wanted},
+        ).exclude(state__in=(State.DONE, State.FAILED))
+        return [todo for todo in found if (todo.queue, todo.idempotency_key) in wanted]
+
+    def _new_todos(
+        self,
+        sent: list[tuple[str, dict[str, Any]]],
+        now: datetime,
+        defaults: Mapping[str, int],
+        missed: set[str],
+        scheduled: Mapping[str, datetime],
+    ) -> dict[str, Todo]:
+        """The todos create_many inserted, by id, built from what it sent (`sent`: each id
+        with its validated parameters) and what its answer says the database decided: `now`,
+        the queues' default max_attempts (`defaults`), the ids of the rows it did not insert
+        (`missed`), and the next_retry_at of those inserted with one (`scheduled`)."""
+        new = self._new_layout
+        layout = new.layout
+        connection = connections[self._db_alias]
+        build = _instances(self.model, self._db_alias, layout.attnames)
+        made = {}
+        for todo_id, params in sent:
+            if todo_id in missed:
+                continue
+            values = new.fresh.copy()
+            for index, attname in layout.given:
+                values[index] = params[attname]
+            max_attempts = params["max_attempts"]
+            values[layout.id] = todo_id
+            values[new.max_attempts] = (
+                max_attempts
+                if max_attempts is not None
+                else defaults.get(params["queue"], DEFAULT_MAX_ATTEMPTS)
+            )
+            values[new.next_retry_at] = scheduled.get(todo_id)
+            values[new.created_at] = values[new.updated_at] = now
+            made[todo_id] = build(_parsed(values, layout, connection))
+        return made
 
     def _create_graph(
         self, batch: list[dict[str, Any]], refs: list[str | None]
@@ -978,7 +1051,6 @@ class TodoManager(_TodoManagerBase["Todo"]):
             layout = _Layout(
                 attnames=[field.attname for field in fields],
                 pick=itemgetter(*(position[field.column] for field in fields)),
-                # Django's psycopg setup hands JSON columns over as text, to be parsed.
                 json=[
                     (index, field)
                     for index, field in enumerate(fields)
@@ -1009,6 +1081,20 @@ class TodoManager(_TodoManagerBase["Todo"]):
             self._layouts[columns, extra] = layout
         return layout
 
+    @cached_property
+    def _new_layout(self) -> _NewLayout:
+        """How `_new_todos` fills in a new todo's values, in the order of the model's fields."""
+        fields = self.model._meta.concrete_fields
+        places = {field.attname: index for index, field in enumerate(fields)}
+        return _NewLayout(
+            self._layout(tuple(field.column.encode() for field in fields if field.column), None),
+            [_fresh_value(field) for field in fields],
+            *(
+                places[attname]
+                for attname in ("max_attempts", "next_retry_at", "created_at", "updated_at")
+            ),
+        )
+
     def _run(
         self,
         name: str,
@@ -1028,34 +1114,38 @@ class TodoManager(_TodoManagerBase["Todo"]):
         sql/todos.sql, CREATED_NULLS): `given` gives those values, validated, of the todo of an
         id, and the columns' defaults fill in the rest (CREATED_FRESH).
         """
-        alias = self._db_alias
-        connection = connections[alias]
-        with cursors.cursor(connection) as cursor:
+        with self._cursor() as cursor:
             cursor.execute(queries[name] if statement is None else statement, params)
             rows = cursor.fetchall()
             columns = cursors.column_names(cursor)
+        loaded = self._load(rows, columns, extra=extra, given=given)
+        self._signal(name, lambda: loaded)
+        return loaded
+
+    def _load(
+        self,
+        rows: list[tuple[Any, ...]],
+        columns: tuple[bytes | None, ...],
+        *,
+        extra: str | None = None,
+        given: Callable[[str], Mapping[str, Any]] | None = None,
+    ) -> list[tuple[Todo, Any]]:
+        """A Todo from each of `rows` (named `columns`), beside its `extra` column (`_run`)."""
+        alias = self._db_alias
+        connection = connections[alias]
         layout = self._layout(columns, extra)
         build = _instances(self.model, alias, layout.attnames)
         loaded = []
         for row in rows:
             values = list(layout.pick(row))
-            if given is not None and row[layout.extra]:
+            if given is not None and layout.extra is not None and row[layout.extra]:
                 inserted = given(values[layout.id])
                 for index, attname in layout.given:
                     values[index] = inserted[attname]
                 for index, value in layout.fresh:
                     values[index] = value
-            for index, field in layout.json:
-                text = values[index]
-                if text is not None:
-                    empty = layout.empty_json.get(text)  # a fresh todo's errors, say
-                    values[index] = (
-                        empty()
-                        if empty is not None
-                        else field.from_db_value(text, field.cached_col, connection)
-                    )
-            loaded.append((build(values), None if layout.extra is None else row[layout.extra]))
-        self._signal(name, lambda: loaded)
+            parsed = _parsed(values, layout, connection)
+            loaded.append((build(parsed), None if layout.extra is None else row[layout.extra]))
         return loaded
 
     def _signal(self, name: str, rows: Callable[[], list[tuple[Todo, Any]]]) -> None:
@@ -1269,6 +1359,21 @@ def _instances(model: type[Todo], alias: str, attnames: list[str]) -> Callable[[
         return instance
 
     return build
+
+
+def _parsed(values: list[Any], layout: _Layout, connection: BaseDatabaseWrapper) -> list[Any]:
+    """`values` (of the fields of `layout`), their JSON texts parsed in place: Django's psycopg
+    setup hands JSON columns over as text."""
+    for index, field in layout.json:
+        text = values[index]
+        if text is not None:
+            empty = layout.empty_json.get(text)  # a fresh todo's errors, say
+            values[index] = (
+                empty()
+                if empty is not None
+                else field.from_db_value(text, field.cached_col, connection)
+            )
+    return values
 
 
 def _fresh_value(field: models.Field[Any, Any]) -> Any:

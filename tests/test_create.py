@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos import validation
 from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.managers import _batch_rows
 from switchboard_todos.models import (
     Event,
     State,
@@ -22,6 +23,7 @@ from switchboard_todos.models import (
     new_todo_id,
     new_todo_ids,
 )
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
 from tests.helpers import MakeTodo
 
 
@@ -290,6 +292,72 @@ def test_create_many_deduplicates_within_and_across_batches(make_todo: MakeTodo)
     assert results[0][0] == live
     assert results[2][0] == results[1][0]
     assert Todo.objects.count() == 3
+
+
+@pytest.mark.parametrize("use_tz", [True, False], ids=["USE_TZ", "naive"])
+@pytest.mark.parametrize("prepare", [True, False], ids=["prepared", "unprepared"])
+def test_create_many_builds_its_todos_as_they_are_stored(
+    make_todo: MakeTodo, settings: Any, prepare: bool, use_tz: bool
+) -> None:
+    """create_many's answer is one row of what the database decided (its now(), the queues'
+    defaults, the keys it missed, the scheduled rows' next_retry_at): each Todo it returns,
+    built from what was sent, equals a later read of it, field for field and down to a
+    timestamp's tzinfo, with or without time zones."""
+    from switchboard_todos.models import Queue
+
+    settings.SWITCHBOARD_TODOS_PREPARE = prepare
+    settings.USE_TZ = use_tz
+    Queue.objects.create(name="strict", max_attempts=2)
+    held = make_todo(queue="q", idempotency_key="taken")
+    later = datetime.now(UTC) + timedelta(days=1)
+    made = Todo.objects.create_many(
+        [
+            {"queue": "strict", "kind": "k", "payload": {"a": [1, "é"]}, "run_after": later},
+            {"queue": "strict", "kind": "k", "max_attempts": 9},
+            {"queue": "q", "kind": "k", "run_after": datetime(2000, 1, 1, tzinfo=UTC)},
+            {"queue": "q", "kind": "k", "idempotency_key": "taken"},
+            {"queue": "q", "kind": "k", "idempotency_key": "new", "priority": 3},
+        ]
+    )
+    assert [created for _, created in made] == [True, True, True, False, True]
+    assert made[3][0] == held
+    assert [todo.max_attempts for todo, _ in made[:3]] == [2, 9, 5]
+    assert made[0][0].next_retry_at is not None and made[2][0].next_retry_at is None
+    for todo, _ in made:
+        stored = Todo.objects.get(pk=todo.pk)
+        for field in Todo._meta.concrete_fields:
+            mine, read = getattr(todo, field.attname), getattr(stored, field.attname)
+            assert (mine, type(mine)) == (read, type(read)), field.name
+            if isinstance(mine, datetime):
+                assert mine.tzinfo is read.tzinfo, field.name
+
+
+def test_create_many_reads_no_todo_but_the_holders_of_missed_keys(make_todo: MakeTodo) -> None:
+    """The statement reads no row of todos, whatever its plan: a join with the batch to find
+    the live todos holding its keys was planned, in a generic plan made while the table was
+    nearly empty, as a hash of a sequential scan, and each batch read the whole table. The
+    holders of the keys it missed are looked up after it, only when it missed one."""
+    from tests.test_queue_defaults import plan_of
+
+    batch = [validation.creation({"kind": "k", "idempotency_key": f"k{n}"}) for n in range(3)]
+    params = {
+        **_batch_rows(batch, new_todo_ids(len(batch))),
+        "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
+        "notify": False,
+    }
+    reads = [
+        node["Node Type"]
+        for node in plan_of("create_many", params)
+        if node.get("Relation Name") == "todos" and node["Node Type"] != "ModifyTable"
+    ]
+    assert reads == []
+    make_todo(idempotency_key="held")
+    with CaptureQueriesContext(connection) as fresh:
+        Todo.objects.create_many([{"kind": "k", "idempotency_key": "a"}, {"kind": "k"}])
+    with CaptureQueriesContext(connection) as missed:
+        results = Todo.objects.create_many([{"kind": "k", "idempotency_key": "held"}])
+    assert len(fresh) == 1 and len(missed) == 2
+    assert results[0][0].idempotency_key == "held" and not results[0][1]
 
 
 def test_create_many_validates_everything_first(db: None) -> None:

@@ -133,17 +133,21 @@ def test_create_todo_reads_the_queue_row_only_without_max_attempts(
     assert sum(settings_reads(plan_of("create_todo", params))) == reads
 
 
-def test_create_many_reads_the_queue_row_once_per_row_without_max_attempts(strict: Queue) -> None:
+@pytest.mark.parametrize(("given", "reads"), [((3, None, 3, None), 1), ((3, 3), 0)])
+def test_create_many_reads_the_queue_row_once_a_batch_without_max_attempts(
+    strict: Queue, given: tuple[int | None, ...], reads: int
+) -> None:
+    """Once for the batch, not once per row, and not at all when every row gave max_attempts."""
     batch = [
         validation.creation({"queue": "strict", "kind": "k", "max_attempts": attempts})
-        for attempts in (3, None, 3, None)
+        for attempts in given
     ]
     params: dict[str, Any] = {
         **_batch_rows(batch, [f"td_{n}" for n in range(len(batch))]),
         "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
         "notify": False,
     }
-    assert sum(settings_reads(plan_of("create_many", params))) == 2
+    assert sum(settings_reads(plan_of("create_many", params))) == reads
 
 
 def test_the_tasks_backend_leaves_max_attempts_to_the_queue() -> None:

@@ -651,23 +651,48 @@ linked AS (
 {{created_or_held}};
 
 -- name: create_many
--- Insert many pending todos at once; return the inserted rows and the live rows that hold keys.
--- A row's max_attempts may be NULL: that todo takes its queue's default (max_attempts_of).
+-- Insert many pending todos at once. The answer is one row of what the database decided: its
+-- now() (each new todo's created_at and updated_at), the default max_attempts of each queue a
+-- row gave none for (defaults: {queue: max_attempts} of the queues that have a row in
+-- todo_queues; the others take %(default_max_attempts)s), the ids of the rows with a key that
+-- were not inserted (missed), which the manager looks up, and the ids of those inserted with a
+-- next_retry_at (a run_after still ahead) beside it. The manager builds the new todos from
+-- what it sent: returned, a batch of 1,000 cost more to send and read than to insert. (The
+-- live todos holding the missed keys are not joined in: a generic plan made while `todos`
+-- was nearly empty hashed a sequential scan of it, and every batch read the whole table.)
 WITH batch AS (
     SELECT {{batch_columns(given)}}
       FROM {{batch_rows(given)}}
 ),
+defaults AS MATERIALIZED (
+    SELECT settings.name, settings.max_attempts
+      FROM todo_queues AS settings
+     WHERE settings.name IN (SELECT queue FROM batch WHERE max_attempts IS NULL)
+),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, next_retry_at)
-    SELECT id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
-           {{max_attempts_of(batch.max_attempts, batch.queue)}},
+    SELECT batch.id, batch.queue, source, kind, title, payload, event_id, idempotency_key,
+           assignee,
+           coalesce(batch.max_attempts, defaults.max_attempts, %(default_max_attempts)s::int),
            priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
       FROM batch
+      LEFT JOIN defaults ON defaults.name = batch.queue
     {{unless_key_held}}
-    RETURNING {{inserted_columns}}
+    RETURNING id, queue, next_retry_at
 ),
-{{created_or_held_many}};
+{{notified_per_queue(inserted WHERE next_retry_at IS NULL AND %(notify)s)}}
+SELECT now() AS now,
+       (SELECT jsonb_object_agg(name, max_attempts) FROM defaults) AS defaults,
+       ARRAY(SELECT id
+               FROM batch
+              WHERE idempotency_key IS NOT NULL
+                AND id NOT IN (SELECT id FROM inserted)) AS missed,
+       scheduled.ids AS scheduled, scheduled.next_retry_at
+  FROM (SELECT array_agg(id) AS ids, array_agg(next_retry_at) AS next_retry_at
+          FROM inserted
+         WHERE next_retry_at IS NOT NULL) AS scheduled
+ WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: create_graph
 -- Insert many todos, some waiting for others of the batch or for existing todos: the whole
