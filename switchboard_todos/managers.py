@@ -1114,38 +1114,26 @@ class TodoManager(_TodoManagerBase["Todo"]):
         sql/todos.sql, CREATED_NULLS): `given` gives those values, validated, of the todo of an
         id, and the columns' defaults fill in the rest (CREATED_FRESH).
         """
-        with self._cursor() as cursor:
+        alias = self._db_alias
+        connection = connections[alias]
+        with cursors.cursor(connection) as cursor:
             cursor.execute(queries[name] if statement is None else statement, params)
             rows = cursor.fetchall()
             columns = cursors.column_names(cursor)
-        loaded = self._load(rows, columns, extra=extra, given=given)
-        self._signal(name, lambda: loaded)
-        return loaded
-
-    def _load(
-        self,
-        rows: list[tuple[Any, ...]],
-        columns: tuple[bytes | None, ...],
-        *,
-        extra: str | None = None,
-        given: Callable[[str], Mapping[str, Any]] | None = None,
-    ) -> list[tuple[Todo, Any]]:
-        """A Todo from each of `rows` (named `columns`), beside its `extra` column (`_run`)."""
-        alias = self._db_alias
-        connection = connections[alias]
         layout = self._layout(columns, extra)
         build = _instances(self.model, alias, layout.attnames)
         loaded = []
         for row in rows:
             values = list(layout.pick(row))
-            if given is not None and layout.extra is not None and row[layout.extra]:
+            if given is not None and row[layout.extra]:
                 inserted = given(values[layout.id])
                 for index, attname in layout.given:
                     values[index] = inserted[attname]
                 for index, value in layout.fresh:
                     values[index] = value
-            parsed = _parsed(values, layout, connection)
-            loaded.append((build(parsed), None if layout.extra is None else row[layout.extra]))
+            todo = build(_parsed(values, layout, connection))
+            loaded.append((todo, None if layout.extra is None else row[layout.extra]))
+        self._signal(name, lambda: loaded)
         return loaded
 
     def _signal(self, name: str, rows: Callable[[], list[tuple[Todo, Any]]]) -> None:
