@@ -3,9 +3,11 @@
 A sweep of each database that holds todos (placement.py) takes back lapsed leases with
 `reap_expired()`, one statement that skips rows another session holds, so any number of
 reapers can run at once; deletes the old done and failed todos of each queue with a retention
-(`retention.purge_retained`, in bounded batches that likewise skip held rows); and, when
-schedules are declared, enqueues the periodic todos that fell due (`schedules.run_due`, whose
-ticks are likewise taken once however many schedulers run). `todo_scheduler` does only the
+(`retention.purge_retained`, in bounded batches that likewise skip held rows); analyzes the
+todos table once it has outgrown the size the planner last measured eightfold
+(`vacuum.analyze_if_outgrown`: the prepared statements' plans are made from that size); and,
+when schedules are declared, enqueues the periodic todos that fell due (`schedules.run_due`,
+whose ticks are likewise taken once however many schedulers run). `todo_scheduler` does only the
 last. A database that fails does not keep the others from their sweep.
 
 Once the first sweep has worked, a database that goes away or turns read-only (`faults`) is
@@ -26,7 +28,7 @@ from typing import NamedTuple
 
 from django.db import DatabaseError, close_old_connections
 
-from switchboard_todos import faults, placement, retention, schedules
+from switchboard_todos import faults, placement, retention, schedules, vacuum
 from switchboard_todos.backoff import retry_delay
 from switchboard_todos.models import Todo
 from switchboard_todos.shutdown import Shutdown
@@ -164,6 +166,15 @@ class Reaper:
                         for (queue, state), count in sorted(purged.counts.items())
                     ),
                     "; more at the next sweep" if purged.unfinished else "",
+                )
+            outgrown = vacuum.analyze_if_outgrown(alias)
+            if outgrown is not None:
+                logger.info(
+                    "Database %r: analyzed todos, %s pages where the planner last measured %s; "
+                    "the prepared statements are planned again.",
+                    alias,
+                    outgrown.now,
+                    outgrown.measured,
                 )
         if self.scheduling:
             swept = swept._replace(enqueued=schedules.run_due(using=alias).enqueued)
