@@ -277,7 +277,7 @@ class TodoManager(_TodoManagerBase["Todo"]):
         found = self.filter(
             queue__in={queue for queue, _ in wanted},
             idempotency_key__in={key for _, key in wanted},
-        ).exclude(state__in=(State.DONE, State.FAILED))
+        ).exclude(state__in=endings.ENDED)
         return [todo for todo in found if (todo.queue, todo.idempotency_key) in wanted]
 
     def _new_todos(
