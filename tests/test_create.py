@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos import validation
 from switchboard_todos.exceptions import InvalidTodo
-from switchboard_todos.managers import _batch_rows
+from switchboard_todos.managers.creating import _batch_rows
 from switchboard_todos.models import (
     Event,
     State,

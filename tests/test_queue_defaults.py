@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos import queue_settings, schedules, validation
 from switchboard_todos.compat import task_backends
-from switchboard_todos.managers import _batch_rows
+from switchboard_todos.managers.creating import _batch_rows
 from switchboard_todos.models import Queue, Schedule, Todo
 from switchboard_todos.sql import queries
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
