@@ -10,7 +10,8 @@ from asgiref.sync import async_to_sync
 from django.test import override_settings
 
 from switchboard_todos import waiting
-from switchboard_todos.agents import accounts, service, waits
+from switchboard_todos.agents import accounts, service
+from switchboard_todos.agents import long_poll_cap as cap
 from switchboard_todos.exceptions import Throttled
 from switchboard_todos.models import Agent, State, Todo
 
@@ -31,14 +32,14 @@ def agent() -> Agent:
 def test_past_the_cap_a_wait_is_throttled() -> None:
     agent = Agent(name="a1")
     with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_WAITS=2), ExitStack() as held:
-        held.enter_context(waits.admitted(agent, 5))
-        held.enter_context(waits.admitted(agent, 5))
+        held.enter_context(cap.admitted(agent, 5))
+        held.enter_context(cap.admitted(agent, 5))
         with pytest.raises(Throttled, match=r"'a1' already has 2 long polls waiting") as refused:
-            held.enter_context(waits.admitted(agent, 5))
+            held.enter_context(cap.admitted(agent, 5))
         assert refused.value.retry_after == 1
-        held.enter_context(waits.admitted(agent, 0))  # a claim without a wait is not a long poll
-        held.enter_context(waits.admitted(Agent(name="a2"), 5))  # another agent: its own cap
-    with waits.admitted(agent, 5), waits.admitted(agent, 5):  # ended waits count no more
+        held.enter_context(cap.admitted(agent, 0))  # a claim without a wait is not a long poll
+        held.enter_context(cap.admitted(Agent(name="a2"), 5))  # another agent: its own cap
+    with cap.admitted(agent, 5), cap.admitted(agent, 5):  # ended waits count no more
         pass
 
 
@@ -50,7 +51,7 @@ def test_a_throttled_long_poll_claims_nothing(
 ) -> None:
     """The cap is checked before anything is claimed; claims without a wait go on."""
     todo = make_todo(queue="work")
-    with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_WAITS=1), waits.admitted(agent, 20):
+    with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_WAITS=1), cap.admitted(agent, 20):
         with pytest.raises(Throttled):
             claim(agent, ttl=30, wait=1)
         assert Todo.objects.get(pk=todo.pk).state == State.PENDING
@@ -66,7 +67,7 @@ def test_a_read_with_a_wait_is_a_long_poll(
     """A read waiting for its todo to end counts against the cap; one without a wait, or of a
     todo already ended, is answered at once."""
     todo = make_todo(queue="work")
-    with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_WAITS=1), waits.admitted(agent, 20):
+    with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_WAITS=1), cap.admitted(agent, 20):
         with pytest.raises(Throttled):
             get(agent, todo.id, wait=1)
         assert get(agent, todo.id).pk == todo.pk

@@ -61,7 +61,7 @@ def rotate_token(agent: Agent) -> str:
 
 
 def revoke(agent: Agent) -> None:
-    """Refuse `agent`'s token and SQS secret from now on, for good (its leases lapse as any
+    """Refuse `agent`'s token and SQS secret from now on, for good (its leases expire as any
     worker's do); only `rotate_token` gives it credentials again."""
     Agent.objects.filter(pk=agent.pk).update(
         token_hash=Case(

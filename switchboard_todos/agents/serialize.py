@@ -92,7 +92,7 @@ def _shaped(todo: Todo, parent_results: dict[str, Any] | None) -> TodoJSON:
         "claimed_at": _time(todo.claimed_at),
         "completed_at": _time(todo.completed_at),
         "result": todo.result,
-        # The error of the last failed or lapsed attempt, from the todo's history.
+        # The error of the last failed or expired attempt, from the todo's history.
         "last_error": errors[-1].get("error") if isinstance(errors, list) and errors else None,
         # The holder's latest progress note (heartbeat's `progress`).
         "progress": todo.progress,
@@ -106,7 +106,7 @@ def _shaped(todo: Todo, parent_results: dict[str, Any] | None) -> TodoJSON:
 
 def key_as_given(todo: Todo, key: str | None) -> str | None:
     """One of `todo`'s keys as whoever created it gave it: the service stores an agent's keys
-    scoped to it (its source, a slash, the key: `agent:<name>/<key>`; service._scoped_key)."""
+    scoped to it (its source, a slash, the key: `agent:<name>/<key>`: service/creating.py)."""
     scope = f"{todo.source}/"
     if key is not None and todo.source.startswith("agent:") and key.startswith(scope):
         return key[len(scope) :]

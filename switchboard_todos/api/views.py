@@ -1,4 +1,4 @@
-"""The routes: each authenticates, calls one function of agents/service.py, answers JSON.
+"""The routes: each authenticates, calls one verb of agents/service/, answers JSON.
 
 `claim` and `get_todo` are async views: under ASGI a long poll (a claim's wait for a todo, a
 read's wait for one to end) waits on the LISTEN path without holding a thread. The other verbs

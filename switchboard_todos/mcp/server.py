@@ -35,7 +35,7 @@ AgentSource = Callable[[], Awaitable[Agent]]
 
 INSTRUCTIONS = (
     "A durable work queue. Loop: claim (with wait, up to 20 s) -> work, calling heartbeat "
-    "before the lease (ttl) runs out -> complete with a result, or fail with an error. A "
+    "before the lease (ttl) expires -> complete with a result, or fail with an error. A "
     "lease-lost error means another agent may have the todo now: stop work on it and do not "
     "complete it. Work may be delivered again after a crash, so make each step safe to repeat. "
     "To plan a job for other agents, create its parts and a final merging todo that waits for "
@@ -45,7 +45,7 @@ INSTRUCTIONS = (
 
 TodoId = Annotated[str, Field(description="The todo's id, td_...")]
 Ttl = Annotated[
-    float, Field(description="Lease length in seconds from now; heartbeat before it runs out.")
+    float, Field(description="Lease length in seconds from now; heartbeat before it expires.")
 ]
 
 
@@ -235,7 +235,7 @@ class Tools:
         a lease of `ttl` seconds. Only you may heartbeat, complete, fail or release a todo you
         hold. An empty list means no work arrived within `wait`: call claim again (with wait up
         to 20 s) rather than polling fast. While working, call `heartbeat` before the lease
-        runs out; when done, `complete` or `fail`. A todo's `attempt` above 1 means an earlier
+        expires; when done, `complete` or `fail`. A todo's `attempt` above 1 means an earlier
         attempt did not finish: check what it left behind before redoing side effects. A todo
         that waited for others (`parents`) holds what they returned in `parent_results`, by
         id: the parts a merging step merges (null for a part that failed when it runs anyway).

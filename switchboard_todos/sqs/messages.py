@@ -8,7 +8,7 @@ renders as a message: attributes that are not SQS's shape are left out, never an
 the claim.
 
 A receipt handle names the todo, the attempt and the moment of the claim it was received by,
-so that a handle from an earlier receipt of the same message (the lease lapsed, or was given
+so that a handle from an earlier receipt of the same message (the lease expired, or was given
 back with a visibility timeout of 0, and the message was received again) no longer deletes or
 extends anything: ReceiptHandleIsInvalid.
 """

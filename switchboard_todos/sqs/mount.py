@@ -16,11 +16,7 @@ ALLOWED_HOSTS (a refused one goes to Django, which answers and logs it), and the
 the request made and the response sent by Django's own ASGI code. Each request runs its
 database work on one of `threads` threads, each keeping its connection from one request to the
 next as a worker does (a pooled one goes back to the pool after each request, one a database
-error left unusable is closed).
-
-A queue's URL is the endpoint's URL as the client reached it, followed by the queue's name:
-`<endpoint>/jobs`. JSON clients post every action to their endpoint with the queue URL in the
-body, and read only the URL's last segment as the queue's name (kombu, dramatiq-sqs).
+error left unusable is closed). Queue URLs are built on the path posted to (queue_urls.py).
 """
 
 from __future__ import annotations
@@ -39,7 +35,6 @@ from django.core.handlers.exception import response_for_exception
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, get_resolver
-from django.utils.encoding import escape_uri_path
 
 from switchboard_todos.waiting import finish_with_connections
 
@@ -108,6 +103,8 @@ class SQSAnywhere:
 
     async def answer(self, request: HttpRequest) -> HttpResponse:
         """The endpoint's response to `request`, its database work on one slot's thread."""
+        # Imported at the first request: the views use the models, and this module is imported
+        # by a project's asgi.py before get_asgi_application() has set Django up.
         from switchboard_todos.sqs.views import endpoint
 
         request.resolver_match = _resolve(request.path_info)
@@ -141,14 +138,3 @@ def _resolve(path_info: str) -> Any:
     except Resolver404:
         return None
     return match if NAMESPACE in match.namespaces else None
-
-
-def endpoint_url(request: HttpRequest) -> str:
-    """The endpoint's URL as the client reached it, ending in a slash: the path it posted to,
-    less the queue's name when that was a queue URL of the URLconf (`<endpoint><queue>`)."""
-    path = request.path
-    match = request.resolver_match
-    queue = match.kwargs.get("queue") if match is not None else None
-    if isinstance(queue, str):
-        path = path.removesuffix(queue)
-    return request.build_absolute_uri(escape_uri_path(path.rstrip("/") + "/"))

@@ -2,8 +2,8 @@
 
 `POST <base>/sqs/` with `X-Amz-Target: AmazonSQS.<Action>` and a JSON body, signed with SigV4
 (signing.py), or at any path behind `SQSAnywhere` (mount.py); queue URLs are the endpoint's URL
-and the queue's name. Each action authenticates the agent, calls
-agents/service.py (which checks the grants), and answers SQS's JSON; errors come from the one
+and the queue's name (queue_urls.py). Each action authenticates the agent, calls
+agents/service/ (which checks the grants), and answers SQS's JSON; errors come from the one
 error table (agents/errors.py) in SQS's shape, with the `x-amzn-query-error` header botocore
 reads the legacy error codes from. The long poll of ReceiveMessage waits on the LISTEN path
 without holding a thread under ASGI.
@@ -32,7 +32,7 @@ from switchboard_todos import faults, placement, validation
 from switchboard_todos.agents import errors, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
 from switchboard_todos.models import Agent, Todo
-from switchboard_todos.sqs import attributes, messages, mount, signing, titles
+from switchboard_todos.sqs import attributes, messages, queue_urls, signing, titles
 
 logger = logging.getLogger("switchboard_todos.sqs")
 
@@ -161,16 +161,12 @@ def _error(code: str, message: str) -> HttpResponse:
 # Queues
 
 
-def queue_url(request: HttpRequest, queue: str) -> str:
-    return f"{mount.endpoint_url(request)}{queue}"
-
-
 def _queue(params: dict[str, Any], *, name_field: str = "QueueUrl") -> str:
     """The queue a QueueUrl (or QueueName) names."""
     value = params.get(name_field)
     if not isinstance(value, str) or not value:
         raise SQSError("MissingParameter", f"The request must contain the parameter {name_field}.")
-    name = value.rstrip("/").rsplit("/", 1)[-1] if name_field == "QueueUrl" else value
+    name = queue_urls.name_in(value) if name_field == "QueueUrl" else value
     try:
         return validation.queue(name)
     except InvalidTodo:
@@ -193,7 +189,7 @@ async def get_queue_url(
 ) -> dict[str, Any]:
     queue = _queue(params, name_field="QueueName")
     _check_granted(agent, queue, _granted(agent))
-    return {"QueueUrl": queue_url(request, queue)}
+    return {"QueueUrl": queue_urls.queue_url(request, queue)}
 
 
 async def list_queues(agent: Agent, params: dict[str, Any], request: HttpRequest) -> dict[str, Any]:
@@ -201,7 +197,7 @@ async def list_queues(agent: Agent, params: dict[str, Any], request: HttpRequest
     if not isinstance(prefix, str):
         raise SQSError("InvalidParameterValue", "QueueNamePrefix must be a string.")
     names = [name for name in _granted(agent) if name.startswith(prefix)]
-    return {"QueueUrls": [queue_url(request, name) for name in names]}
+    return {"QueueUrls": [queue_urls.queue_url(request, name) for name in names]}
 
 
 async def get_queue_attributes(

@@ -1,11 +1,12 @@
-"""The cap on an agent's long polls waiting at once (SWITCHBOARD_TODOS_AGENT_MAX_WAITS).
+"""The cap on an agent's long polls: each waits at most MAX_WAIT seconds, and at most
+SWITCHBOARD_TODOS_AGENT_MAX_WAITS of them wait at once.
 
 Every remote surface's long poll (a claim with a wait, a read waiting for a todo to end) passes
-here before anything is claimed or read. Past the cap
-the agent is told to slow down (Throttled: HTTP 429 with Retry-After, SQS RequestThrottled, an
-MCP tool error that says when to poll again) instead of being given a waiter. The count is of
-the waits in this server process: behind a balancer with N processes an agent may have N times
-the cap waiting, each process bounding its own.
+here before anything is claimed or read. Past the cap the agent is told to slow down
+(Throttled: HTTP 429 with Retry-After, SQS RequestThrottled, an MCP tool error that says when to
+poll again) instead of being given a waiter. The count is of the long polls in this server
+process: behind a balancer with N processes an agent may have N times the cap waiting, each
+process bounding its own.
 """
 
 from __future__ import annotations
@@ -14,19 +15,32 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
 
 from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connections
 
+from switchboard_todos import validation
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import Throttled
 from switchboard_todos.models import Agent
+from switchboard_todos.validation import Seconds
 
+#: Longest long poll (the `wait` of a claim or a read), in seconds: SQS's limit, and below MCP
+#: clients' request timeouts.
+MAX_WAIT = 20
 #: How long an agent past its cap is asked to wait before polling again, in seconds.
 RETRY_AFTER = 1
 
 _lock = threading.Lock()
 _waiting: Counter[str] = Counter()
+
+
+def seconds_of(wait: Seconds) -> float:
+    """A long poll's `wait` in seconds, from 0 (no long poll) to MAX_WAIT (InvalidTodo past it)."""
+    return validation.duration(
+        wait, "wait", maximum=timedelta(seconds=MAX_WAIT), allow_zero=True
+    ).total_seconds()
 
 
 @contextmanager

@@ -1,0 +1,223 @@
+"""What an agent creates: a todo, or a plan of todos that may wait for each other, in one of
+its create queues (QueueNotGranted in any other), counted against its creation quota.
+
+Its todos' source is `agent:<name>` and their keys are the agent's own (`scoped_key`), so an
+agent can neither take a key a producer will use nor learn of a todo it may not see.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from django.db import router, transaction
+
+from switchboard_todos import graphs, placement, validation
+from switchboard_todos.agents.service import quotas, visibility
+from switchboard_todos.agents.service.twins import twin
+from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoConflict, TodoNotFound
+from switchboard_todos.models import Agent, Todo
+
+#: Longest idempotency or concurrency key an agent gives, as SQS's MessageDeduplicationId: the
+#: key scoped to the agent (`scoped_key`) then fits the core's limit whatever the agent's name.
+MAX_KEY_LENGTH = 128
+#: Most todos one plan (`create_many_for`) holds.
+MAX_PLAN = 1000
+#: What an agent says of a todo it creates: create_todo's arguments but `source`, which is the
+#: agent's, and `event`.
+AGENT_CREATION = frozenset(validation.CREATION_DEFAULTS) - {"source", "event"}
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+def create_for(
+    agent: Agent,
+    *,
+    queue: str,
+    kind: str = "",
+    title: str = "",
+    payload: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    assignee: str | None = None,
+    run_after: datetime | str | None = None,
+    max_attempts: int | None = None,
+    priority: int = 0,
+    concurrency_key: str | None = None,
+    after: Iterable[str] | None = None,
+    on_parent_failure: str = "cancel",
+) -> tuple[Todo, bool]:
+    """Enqueue a todo in one of the agent's create queues; returns (todo, created).
+
+    Its source is `agent:<name>`, and its keys are the agent's own (`scoped_key`): an
+    idempotency key held by a live todo the agent created in that queue returns that todo with
+    created=False, or, when the agent may not see that todo, a TodoConflict naming none. Each
+    call counts against the agent's creation quota (Throttled past it); `max_attempts` may not
+    exceed the agent's limit, and defaults to the lower of 5 and that limit. With `after`, the
+    todo waits for those todos (docs/dependencies.md), each one the agent may see: any other id
+    is TodoNotFound, as an unknown one. A refused call writes nothing.
+    """
+    spec = _creation(
+        agent,
+        {
+            "queue": queue,
+            "kind": kind,
+            "title": title,
+            "payload": payload,
+            "idempotency_key": idempotency_key,
+            "assignee": assignee,
+            "run_after": run_after,
+            "max_attempts": max_attempts,
+            "priority": priority,
+            "concurrency_key": concurrency_key,
+            "after": after,
+            "on_parent_failure": on_parent_failure,
+        },
+    )
+    if spec["after"] is not None:
+        validation.creation(spec)  # bad input is refused before the parents are looked at
+        _check_visible(agent, {placement.database_for(spec["queue"]): spec["after"]})
+    # The count is undone with the transaction when the create is refused (bad input, 409).
+    with transaction.atomic(using=router.db_for_write(Agent)):
+        quotas.count_creates(agent, 1)
+        todo, created = Todo.objects.create_todo(**spec)
+        if not created and not visibility.sees(agent, todo):
+            raise _hidden_twin(idempotency_key, spec["queue"])
+    return todo, created
+
+
+def create_many_for(agent: Agent, *, todos: Iterable[Mapping[str, Any]]) -> list[tuple[Todo, bool]]:
+    """Create a plan, todos that may wait for each other, in one call; (todo, created) each.
+
+    Each mapping takes `create_for`'s arguments, checked as create_for checks them, and a
+    `ref`: an entry of `after` is the ref of another todo of the plan, or else the id of a todo
+    the agent may see (TodoNotFound otherwise, as an unknown id). A plan with refs or `after`
+    is created whole or not at all; a ref named twice, a todo waiting for itself or a cycle is
+    InvalidPlan. The plan counts one creation per todo against the agent's quota, all at once
+    (one larger than the whole quota is InvalidTodo: it could never pass). With idempotency keys
+    on its todos, a plan sent again while its todos are live returns them (created=False).
+    """
+    if isinstance(todos, str | bytes | Mapping) or not isinstance(todos, Iterable):
+        raise InvalidTodo(f"todos must be a list of todos, not {type(todos).__name__}.")
+    given = list(itertools.islice(todos, MAX_PLAN + 1))
+    if not given:
+        raise InvalidTodo("A plan needs at least one todo.")
+    if len(given) > MAX_PLAN:
+        raise InvalidTodo(f"A plan holds at most {MAX_PLAN} todos; this one holds more.")
+    specs, refs = graphs.split_refs(given)
+    named = set(refs)
+    checked: list[dict[str, Any]] = []
+    waited: dict[str, list[str]] = {}
+    for number, spec in enumerate(specs):
+        try:
+            if not isinstance(spec, Mapping):
+                raise InvalidTodo(f"a todo must be an object, not {type(spec).__name__}.")
+            checked.append(_creation(agent, spec))
+        except (InvalidTodo, QueueNotGranted) as error:
+            raise type(error)(f"todo #{number}: {error}") from None
+        for parent in checked[-1]["after"] or []:
+            if parent not in named:
+                waited.setdefault(placement.database_for(checked[-1]["queue"]), []).append(parent)
+    if waited:
+        validation.creations(checked)  # bad input is refused before the parents are looked at
+        _check_visible(agent, waited)
+    planned = [
+        spec if ref is None else {**spec, "ref": ref}
+        for spec, ref in zip(checked, refs, strict=True)
+    ]
+    with transaction.atomic(using=router.db_for_write(Agent)):
+        quotas.count_creates(agent, len(planned))
+        made = Todo.objects.create_many(planned)
+        for (todo, created), spec in zip(made, specs, strict=True):
+            if not created and not visibility.sees(agent, todo):
+                raise _hidden_twin(spec.get("idempotency_key"), todo.queue)
+    return made
+
+
+def scoped_key(agent: Agent, key: object, name: str) -> str | None:
+    """An idempotency or concurrency key as stored for the agent that gave it: its source, a
+    slash (which no agent name has) and the key, `agent:<name>/<key>`; serialize.key_as_given
+    shows it back as given.
+
+    So an agent's keys deduplicate and serialize only its own todos: it can neither take a key a
+    producer will use, nor block the todos of a key it cannot see.
+    """
+    if key is None:
+        return None
+    return f"{_source(agent)}/{validation.text(key, name, MAX_KEY_LENGTH, required=True)}"
+
+
+def _creation(agent: Agent, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """create_todo's arguments for a todo the agent creates: in one of its create queues, its
+    source the agent, its keys scoped, its attempts within the agent's limit. The core checks
+    the rest."""
+    unknown = spec.keys() - AGENT_CREATION
+    if unknown:
+        raise InvalidTodo(f"unknown arguments: {', '.join(sorted(map(repr, unknown)))}.")
+    if "queue" not in spec:
+        raise InvalidTodo("queue is required: one of the queues you may create todos in.")
+    name = validation.queue(spec["queue"])
+    if name not in agent.create_queues:
+        raise QueueNotGranted(f"Agent {agent.name!r} may not create todos in queue {name!r}.")
+    after = spec.get("after")
+    return {
+        **spec,
+        "queue": name,
+        "source": _source(agent),
+        "idempotency_key": scoped_key(agent, spec.get("idempotency_key"), "idempotency_key"),
+        "concurrency_key": scoped_key(agent, spec.get("concurrency_key"), "concurrency_key"),
+        "max_attempts": quotas.max_attempts(agent, spec.get("max_attempts")),
+        "run_after": _moment(spec.get("run_after")),
+        "after": None if after is None else validation.parents(after),
+    }
+
+
+def _check_visible(agent: Agent, waited: Mapping[str, list[str]]) -> None:
+    """TodoNotFound for the first of the todos to be waited for (by database) that the agent
+    may not see, exactly as for an unknown id; one query per database."""
+    for alias, ids in waited.items():
+        seen = set(
+            Todo.objects.using(alias)
+            .filter(visibility.visible_to(agent), pk__in=ids)
+            .values_list("pk", flat=True)
+        )
+        for todo_id in ids:
+            if todo_id not in seen:
+                raise TodoNotFound(todo_id)
+
+
+def _hidden_twin(key: object, queue: str) -> TodoConflict:
+    """The conflict of an idempotency key held by a live todo the agent may not see."""
+    return TodoConflict(
+        f"Idempotency key {key!r} is taken in queue {queue!r}: a live todo you created with it "
+        "is in a queue you do not claim from, or assigned to another agent, so it is not shown.",
+        todo_id="",
+    )
+
+
+def _source(agent: Agent) -> str:
+    """The source of the todos an agent creates, and the scope of its keys."""
+    return f"agent:{agent.name}"
+
+
+def _moment(value: datetime | str | None) -> datetime | None:
+    """`run_after` as an aware datetime; remote callers send RFC 3339 text (JSON Schema's
+    date-time: a date, a time and an offset)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        if _RFC3339.fullmatch(value) is None:
+            raise ValueError(value)
+        return datetime.fromisoformat(value.upper())
+    except ValueError:
+        raise InvalidTodo(
+            f"run_after {value!r} is not an RFC 3339 date and time with an offset "
+            "(2030-01-31T09:00:00Z, 2030-01-31T10:00:00+01:00)."
+        ) from None
+
+
+acreate_for = twin(create_for)
+acreate_many_for = twin(create_many_for)

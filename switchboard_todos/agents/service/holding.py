@@ -1,0 +1,77 @@
+"""What an agent does with a todo it holds: heartbeat, complete, fail, release.
+
+The owner of every transition is the agent's name, never a value from the request; a conflict
+over a todo the agent may not see answers as an unknown id does (TodoNotFound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from switchboard_todos.agents.service import visibility
+from switchboard_todos.agents.service.twins import twin
+from switchboard_todos.exceptions import TodoConflict, TodoNotFound
+from switchboard_todos.managers import TodoManager
+from switchboard_todos.models import Agent, Todo
+from switchboard_todos.validation import Seconds
+
+
+def heartbeat(agent: Agent, todo_id: str, ttl: Seconds | None, progress: Any = None) -> Todo:
+    """Extend the lease on a todo the agent holds to `ttl` from now; `progress` (any JSON
+    value) becomes its latest progress note. TodoCancelled: an operator cancelled it."""
+    return _as_holder(
+        agent,
+        todo_id,
+        lambda todos, checked: todos.heartbeat(checked, agent.name, ttl, progress=progress),
+    )
+
+
+def complete(agent: Agent, todo_id: str, result: Any = None) -> Todo:
+    """Mark a todo the agent holds done, with `result` (any JSON value)."""
+    return _as_holder(
+        agent, todo_id, lambda todos, checked: todos.complete(checked, agent.name, result)
+    )
+
+
+def fail(agent: Agent, todo_id: str, error: Any = None, retry_in: Seconds | None = None) -> Todo:
+    """Record a failed attempt: retried after a backoff (or `retry_in`), dead letter at the cap."""
+    return _as_holder(
+        agent, todo_id, lambda todos, checked: todos.fail(checked, agent.name, error, retry_in)
+    )
+
+
+def release(agent: Agent, todo_id: str, delay: Seconds | None = None) -> Todo:
+    """Give the lease back, claimable again after `delay`; the attempt is not counted."""
+    return _as_holder(
+        agent, todo_id, lambda todos, checked: todos.release(checked, agent.name, delay)
+    )
+
+
+def _as_holder(agent: Agent, todo_id: str, transition: Callable[[TodoManager, str], Todo]) -> Todo:
+    """Run a holder's transition; a conflict over a todo the agent may not see is a 404.
+
+    With several databases, the todo is first looked for (one query per database).
+    """
+    checked = visibility.todo_id(todo_id)
+    aliases = visibility.databases(agent)
+    if len(aliases) > 1:
+        found = [
+            alias for alias in aliases if Todo.objects.using(alias).filter(pk=checked).exists()
+        ]
+        if not found:
+            raise TodoNotFound(checked)
+        aliases = found
+    todos = Todo.objects.db_manager(aliases[0])
+    try:
+        return transition(todos, checked)
+    except TodoConflict:
+        if not todos.filter(visibility.visible_to(agent), pk=checked).exists():
+            raise TodoNotFound(checked) from None
+        raise
+
+
+aheartbeat = twin(heartbeat)
+acomplete = twin(complete)
+afail = twin(fail)
+arelease = twin(release)

@@ -1,0 +1,102 @@
+"""An agent's quotas: the todos it may hold at once, the todos it may create a minute, and the
+attempts a todo it creates may have. Each is its Agent field, else the project's setting.
+
+A claim past `max_held` and a create past `max_creates_per_minute` are Throttled, with the time
+until there is room again; a `max_attempts` above the limit is InvalidTodo, as waiting would
+never make it acceptable.
+"""
+
+from __future__ import annotations
+
+from django.db import connections, router
+
+from switchboard_todos import cursors
+from switchboard_todos.conf import conf
+from switchboard_todos.exceptions import InvalidTodo, NotAuthenticated, Throttled
+from switchboard_todos.models import Agent
+from switchboard_todos.sql import agent_queries
+from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
+
+#: Longest Retry-After of a claim refused at the agent's quota of held todos, in seconds.
+HELD_RETRY_MAX = 60
+
+
+def max_held(agent: Agent) -> int:
+    """The most todos the agent may hold at once (in each database its queues live in)."""
+    return _quota(agent.max_held, conf.AGENT_MAX_HELD)
+
+
+def refuse_at_held_quota(agent: Agent, aliases: list[str], quota: int) -> None:
+    """Raise Throttled when the agent holds `quota` todos in each of the databases `aliases`.
+
+    Retry-After is the time until the earliest of its leases ends (1 to HELD_RETRY_MAX s):
+    by then it has completed, failed or released that todo, or the lease expired and the
+    reaper takes the todo back; freeing one itself makes room at once.
+    """
+    ends: list[float] = []
+    for alias in aliases:
+        with cursors.cursor(connections[alias]) as cursor:
+            cursor.execute(agent_queries["held"], {"owner": agent.name})
+            held, ends_in = cursor.fetchone()
+        if held < quota:
+            return
+        if ends_in is not None:
+            ends.append(ends_in)
+    raise _throttled(
+        f"Agent {agent.name!r} holds {held} todos, its quota (max_held {quota}): complete, "
+        "fail or release one before claiming more.",
+        min(HELD_RETRY_MAX, max(1.0, min(ends, default=1.0))),
+    )
+
+
+def count_creates(agent: Agent, count: int) -> None:
+    """Count `count` creations against the agent's quota per minute (count_creates, agents.sql):
+    Throttled, and nothing counted, past it; InvalidTodo when `count` is more than the whole
+    quota, which waiting would never make room for."""
+    quota = _quota(agent.max_creates_per_minute, conf.AGENT_MAX_CREATES_PER_MINUTE)
+    if count > quota:
+        raise InvalidTodo(
+            f"A plan of {count} todos is more than agent {agent.name!r} may create in a minute "
+            f"(max_creates_per_minute {quota}): make it smaller; nothing was created."
+        )
+    with cursors.cursor(connections[router.db_for_write(Agent)]) as cursor:
+        cursor.execute(
+            agent_queries["count_creates"], {"agent_id": agent.pk, "quota": quota, "count": count}
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise NotAuthenticated("Unknown token.")  # the agent was deleted since the request began
+    counted, window_left = row
+    if not counted:
+        full = f"created {quota} todos within a minute, its quota (max_creates_per_minute)"
+        if count > 1:
+            full = (
+                f"would pass its quota of {quota} todos a minute (max_creates_per_minute) "
+                f"with {count} more"
+            )
+        raise _throttled(f"Agent {agent.name!r} {full}; nothing was created.", window_left)
+
+
+def max_attempts(agent: Agent, given: int | None) -> int:
+    """The `max_attempts` of a todo the agent creates: at most its limit (InvalidTodo above, as
+    waiting would never make it acceptable); without one, the default, lowered to the limit."""
+    limit = max(1, _quota(agent.max_attempts_limit, conf.AGENT_MAX_ATTEMPTS))
+    if given is None:
+        return min(DEFAULT_MAX_ATTEMPTS, limit)
+    if isinstance(given, int) and not isinstance(given, bool) and given > limit:
+        raise InvalidTodo(
+            f"max_attempts must be at most {limit} for agent {agent.name!r} (its limit), "
+            f"not {given}."
+        )
+    return given
+
+
+def _quota(own: int | None, setting: int) -> int:
+    """One of an agent's quotas: its own value (its Agent field), else the project's setting."""
+    return setting if own is None else own
+
+
+def _throttled(message: str, seconds: float) -> Throttled:
+    """Throttled, its message saying how long to wait: MCP and SQS answers have no Retry-After."""
+    wait = Throttled(message, retry_after=seconds).retry_after  # whole seconds, at least 1
+    return Throttled(f"{message} Try again in {wait} s.", retry_after=wait)
