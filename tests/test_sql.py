@@ -87,6 +87,40 @@ def test_parse_refuses_a_bad_fragment_reference(statement: str, error: str) -> N
         parse(f"{fragments}-- name: x\n{statement}\n")
 
 
+#: A CTE's definition, `x AS (`, `x (a, b) AS MATERIALIZED (`, in a fragment's top level.
+_CTE = re.compile(
+    r"(?<![\w$])\$?\w+(?:\s*\(\))?\s+AS\s+(?:(?:NOT\s+)?MATERIALIZED\s+)?\(\)", re.IGNORECASE
+)
+
+
+def top_level(sql: str) -> str:
+    """`sql` with its string literals emptied and what its parentheses hold left out."""
+    kept, depth = [], 0
+    for char in re.sub(r"'(?:[^']|'')*'", "''", sql):
+        if char == ")":
+            depth -= 1
+        if depth == 0:
+            kept.append(char)
+        if char == "(":
+            depth += 1
+    return "".join(kept)
+
+
+def test_no_fragment_defines_a_cte() -> None:
+    """Every CTE a statement uses is named in the statement's own text (sql/shared.sql).
+
+    A fragment is an expression, a clause or a CTE's body; a fragment that is a query of its
+    own (it opens with WITH) may define CTEs of its own, which nothing outside it sees.
+    """
+    _, fragments = written(SOURCE)
+    defining: dict[str, list[str]] = {}
+    for name, fragment in fragments.items():
+        top = top_level(fragment.body)
+        if not top.lstrip().upper().startswith("WITH") and _CTE.search(top):
+            defining[name] = _CTE.findall(top)
+    assert not defining, defining
+
+
 def test_statements_are_valid_sql(db: None) -> None:
     """PostgreSQL accepts every statement (PREPARE parses and plans without running it)."""
     with connection.cursor() as cursor:

@@ -1,11 +1,13 @@
-"""The named SQL statements of `todos.sql` and `events.sql`, composed once at import.
+"""The named SQL statements of the `*.sql` files beside this module, composed once at import.
 
 A block starts at `-- name: x` (a statement) or `-- fragment: x` / `-- fragment: x(a, b)` (a
 piece that statements share) and runs to the next such line. A statement writes
 `{{x}}` or `{{x(value, value)}}` where the fragment goes; in the fragment, `$a` stands for the
 value given for `a`. A fragment's leading comment lines document it and are not copied, and
 the lines after its first are indented as the line it goes into, so a statement composed from
-fragments reads, in logs and in pg_stat_statements, as if written out in full.
+fragments reads, in logs and in pg_stat_statements, as if written out in full. The files share
+one namespace: a fragment of any file serves the statements of every file, and a name defined
+twice, in one file or in two, is an error.
 """
 
 from __future__ import annotations
@@ -26,17 +28,23 @@ class Fragment(NamedTuple):
 
 
 def written(text: str) -> tuple[dict[str, str], dict[str, Fragment]]:
-    """Split a named-query file into its statements and fragments, as written (not composed)."""
+    """Split named-query text into its statements and fragments, as written (not composed).
+
+    The text may be several files joined: the header comment of the next file, which follows
+    the last block of the one before, is not part of that block.
+    """
     parts = _BLOCK.split(text)
     statements: dict[str, str] = {}
     fragments: dict[str, Fragment] = {}
     for kind, name, params, body in zip(*(parts[start::4] for start in (1, 2, 3, 4)), strict=True):
         if name in statements or name in fragments:
             raise ValueError(f"SQL statement {name!r} is defined twice.")
+        lines = body.strip().splitlines()
+        while lines and (not lines[-1].strip() or lines[-1].startswith("--")):
+            lines.pop()
         if kind == "name":
-            statements[name] = body.strip().rstrip(";")
+            statements[name] = "\n".join(lines).rstrip(";")
         else:
-            lines = body.strip().splitlines()
             while lines and lines[0].startswith("--"):
                 lines.pop(0)
             names = tuple(param.strip() for param in (params or "").split(",") if param.strip())
@@ -44,10 +52,13 @@ def written(text: str) -> tuple[dict[str, str], dict[str, Fragment]]:
     return statements, fragments
 
 
-def parse(text: str) -> dict[str, str]:
-    """{name: statement} of a named-query file, each statement composed from its fragments."""
-    statements, fragments = written(text)
-    return {name: compose(body, fragments) for name, body in statements.items()}
+def parse(text: str, fragments: dict[str, Fragment] | None = None) -> dict[str, str]:
+    """{name: statement} of named-query text, composed from its own fragments, or `fragments`."""
+    statements, own = written(text)
+    return {
+        name: compose(body, own if fragments is None else fragments)
+        for name, body in statements.items()
+    }
 
 
 def compose(text: str, fragments: dict[str, Fragment]) -> str:
@@ -111,13 +122,27 @@ def _split(values: str | None) -> list[str]:
     return found
 
 
-SOURCE = files(__package__).joinpath("todos.sql").read_text(encoding="utf-8")
-queries = parse(SOURCE)
+def _read(name: str) -> str:
+    """The text of `name`.sql, read from the installed package (a wheel, a zip)."""
+    return files(__package__).joinpath(f"{name}.sql").read_text(encoding="utf-8")
+
+
+#: The todo state machine's files, by family; shared.sql holds what several families share.
+FAMILIES = ("shared", "creating", "claiming", "holding", "operating", "retention")
+#: The todo state machine's SQL as written: its files joined, in the order of FAMILIES.
+SOURCE = "\n".join(_read(family) for family in FAMILIES)
+_EVENTS, _AGENTS = _read("events"), _read("agents")
+#: The fragments of every file; written() refuses a name that two files define.
+_FRAGMENTS = written("\n".join([SOURCE, _EVENTS, _AGENTS]))[1]
+queries = parse(SOURCE, _FRAGMENTS)
+"""The todo state machine's statements, one per transition and a few it needs besides."""
+event_queries = parse(_EVENTS, _FRAGMENTS)
+"""The statements of Event.objects, in `events.sql`."""
+agent_queries = parse(_AGENTS, _FRAGMENTS)
+"""The remote agents' statements of `agents.sql`."""
 #: The columns a create leaves NULL in a new todo's row (fragment created_columns): the values
 #: its creator gave, which the manager fills in from its own parameters, and CREATED_FRESH.
-CREATED_NULLS = frozenset(
-    re.findall(r"NULL::\w+ AS (\w+)", written(SOURCE)[1]["created_columns"].body)
-)
+CREATED_NULLS = frozenset(re.findall(r"NULL::\w+ AS (\w+)", _FRAGMENTS["created_columns"].body))
 #: Of CREATED_NULLS, the columns every new todo starts with at their defaults, whoever created
 #: it: the manager fills them in from the model's fields (their db_default, else NULL).
 CREATED_FRESH = frozenset(
@@ -136,6 +161,3 @@ CREATED_FRESH = frozenset(
         "completed_at",
     }
 )
-event_queries = parse(files(__package__).joinpath("events.sql").read_text(encoding="utf-8"))
-agent_queries = parse(files(__package__).joinpath("agents.sql").read_text(encoding="utf-8"))
-"""The remote agents' statements of `agents.sql`."""

@@ -1,4 +1,4 @@
--- The remote agents' statements (agents/service.py). Format as in todos.sql.
+-- The remote agents' statements (agents/service.py). Format and conventions: shared.sql.
 
 -- name: authenticate
 -- The agent holding a token (by its hash), active or not; marks it seen at most once a
@@ -46,7 +46,7 @@ SELECT EXISTS (SELECT FROM counted) AS counted,
   FROM agent;
 
 -- name: held
--- How many todos %(owner)s holds (claimed, lapsed or not, until the reaper or another claim
+-- How many todos %(owner)s holds (claimed, expired or not, until the reaper or another claim
 -- takes them back), and the seconds until the earliest of their leases ends (idx_todos_held).
 SELECT count(*) AS held,
        extract(epoch FROM min(lease_expires_at) - now())::float8 AS first_lease_ends_in

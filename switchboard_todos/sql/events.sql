@@ -1,4 +1,4 @@
--- The statements of Event.objects (switchboard_todos/events.py), in the format of todos.sql.
+-- The statements of Event.objects (events.py). Format and conventions: shared.sql.
 
 -- name: record_event
 -- Insert an event unless its (source, delivery_id) is stored already (idx_events_delivery): a

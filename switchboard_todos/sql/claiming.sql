@@ -1,0 +1,374 @@
+-- Claiming todos: the claim of the next todos of some queues (claim_next), of those an ORM
+-- queryset picks (claim_filtered), and of one todo by id (claim). Each claim reads and
+-- enforces its queues' pause, rate and concurrency limits ("room"), takes a free slot in a
+-- queue with a concurrency limit ("free_slot", "slot"), leases what it took ("claimed") and
+-- counts it against the limits ("counted"). Format and conventions: shared.sql.
+
+-- fragment: key_free(todo)
+-- `todo` (a row of todos) has no concurrency key, or no other claimed todo holds its key. The
+-- database settles two claims that both saw the key free: idx_todos_key_claimed lets only one
+-- claimed todo hold a key, and the claim that loses runs again (managers.py).
+($todo.concurrency_key IS NULL OR NOT EXISTS (
+     SELECT FROM todos AS holder
+      WHERE holder.concurrency_key = $todo.concurrency_key AND holder.state = 'claimed'
+        AND holder.id <> $todo.id))
+
+-- fragment: room(queues)
+-- The body of the "room" CTE of a claim: each queue of `queues` (a text[]) whose todo_queues row
+-- pauses or limits it, with how many todos this claim may take from it (room_of). Those rows
+-- are locked, so the claims of a limited queue run one at a time, and each reads the row as
+-- the one before it left it (the rate count), even if it changed after this statement began.
+-- Queues without such a row are not here: nothing limits them, and nothing is locked.
+SELECT settings.name AS queue, settings.concurrency_limit, settings.slot_cursor,
+       {{room_of(settings)}} AS room
+  FROM todo_queues AS settings
+ WHERE settings.name = ANY ($queues)
+   AND (settings.paused OR settings.rate_limit IS NOT NULL
+        OR settings.concurrency_limit IS NOT NULL)
+   FOR NO KEY UPDATE
+
+-- fragment: first_per_key(ready, due, expired)
+-- The body of the "first_per_key" CTE of a claim: of the candidates of its `ready`, `due` and
+-- `expired` scans, the first of each concurrency key by priority, then claimable time, and
+-- all those without a key. The candidates without a key skip the window that would number
+-- them: the common claim sorts its candidates once (in "picked").
+SELECT id, queue, priority, claimable_at
+  FROM (SELECT * FROM $ready UNION ALL SELECT * FROM $due UNION ALL SELECT * FROM $expired)
+       AS claimable
+ WHERE concurrency_key IS NULL
+UNION ALL
+SELECT id, queue, priority, claimable_at
+  FROM (SELECT *, row_number() OVER (PARTITION BY concurrency_key
+                                     ORDER BY priority DESC, claimable_at) AS nth
+          FROM (SELECT * FROM $ready UNION ALL SELECT * FROM $due
+                UNION ALL SELECT * FROM $expired) AS claimable
+         WHERE concurrency_key IS NOT NULL
+       ) AS keyed
+ WHERE nth = 1
+
+-- fragment: picked(first_per_key, room)
+-- The body of the "picked" CTE of a claim: of `first_per_key`, the first %(limit)s by
+-- priority, then claimable time, taking no more from a queue than its `room`; with
+-- %(max_held)s, only as many as bring the todos %(owner)s holds up to it (counted only then, on
+-- idx_todos_held). `in_queue` numbers the picks of each queue in `room` in claim order (NULL
+-- elsewhere); the candidates of queues nothing limits skip that window.
+SELECT id, queue, priority, claimable_at, in_queue
+  FROM (SELECT *, NULL::bigint AS in_queue
+          FROM $first_per_key
+         WHERE queue NOT IN (SELECT queue FROM $room)
+        UNION ALL
+        SELECT *
+          FROM (SELECT *, row_number() OVER (PARTITION BY queue
+                                             ORDER BY priority DESC, claimable_at) AS in_queue
+                  FROM $first_per_key
+                 WHERE queue IN (SELECT queue FROM $room)
+               ) AS limited
+         WHERE in_queue <= coalesce((SELECT $room.room FROM $room
+                                      WHERE $room.queue = limited.queue), in_queue)
+       ) AS per_queue
+ ORDER BY priority DESC, claimable_at
+ LIMIT (SELECT CASE WHEN (SELECT %(max_held)s::int) IS NULL THEN %(limit)s::int
+               ELSE greatest(0, least(%(limit)s::int, (SELECT %(max_held)s::int) - (
+                        SELECT count(*) FROM todos AS held
+                         WHERE held.state = 'claimed' AND held.owner = %(owner)s)::int))
+               END)
+
+-- fragment: free_slot(room, limit)
+-- The body of the "free_slot" CTE of a claim: for each queue of `room` with a concurrency
+-- limit, its free slots (1 to the limit) that no claimed todo of the queue holds, numbered
+-- (nth), which the claim's "slot" CTE hands to its picks in turn (in_queue). The index is
+-- probed for each number only until the claim has as many as it may take (at most `limit`).
+-- The probe starts at the queue's slot_cursor, where the claim before it stopped (counted
+-- moves it), and goes round: the claims of a limited queue run one at a time (room), but each
+-- reads the claimed todos in the snapshot it began with, blind to the slots the claim it
+-- waited for took; from slot 1 on, it picked those again, hit idx_todos_slot, and ran again
+-- (managers.py), as two claims racing for a concurrency key do. `step` counts from 0 round
+-- the ring of slots, from where the queue's cursor was.
+SELECT $room.queue, free.step, free.slot, row_number() OVER (PARTITION BY $room.queue) AS nth
+  FROM $room
+ CROSS JOIN LATERAL (
+        SELECT step, ring.slot
+          FROM generate_series(0, $room.concurrency_limit - 1) AS step
+         CROSS JOIN LATERAL (
+                SELECT mod($room.slot_cursor + step, $room.concurrency_limit) + 1 AS slot
+               ) AS ring
+         WHERE NOT EXISTS (
+                SELECT FROM todos AS holder
+                 WHERE holder.queue = $room.queue AND holder.state = 'claimed'
+                   AND holder.slot = ring.slot)
+         LIMIT least($room.room, $limit)
+       ) AS free
+ WHERE $room.concurrency_limit IS NOT NULL
+
+-- fragment: set_claimed(slot)
+-- What a claim writes: the lease to %(owner)s (lease_end), one more attempt, its slot in a
+-- queue with a concurrency limit (of `slot`, id to slot). A claim that takes over an expired
+-- lease records the expired attempt in the failure history. The slots are gathered once into
+-- a JSON object, id to slot, that each row looks itself up in: a subquery over `slot` per row
+-- read the whole CTE for each todo claimed, a cost that grew with the square of the batch.
+SET state = 'claimed',
+    owner = %(owner)s,
+    lease_expires_at = {{lease_end(todos)}},
+    attempt = attempt + 1,
+    claimed_at = now(),
+    next_retry_at = NULL,
+    errors = CASE WHEN state = 'claimed' THEN {{errors_with(owner, {{lease_expired}})}}
+             ELSE errors END,
+    errors_dropped = CASE WHEN state = 'claimed' THEN {{errors_dropped_with}}
+                     ELSE errors_dropped END,
+    slot = ((SELECT jsonb_object_agg($slot.id, $slot.slot) FROM $slot) ->> todos.id)::smallint,
+    updated_at = now()
+
+-- fragment: counted(claimed, slot, room)
+-- The body of the "counted" CTE of a claim: the todos of `claimed` from each rate-limited
+-- queue (of `room`) added to its rate window's count (a new window starts again from zero),
+-- unless a later claim has closed the window this one began in; and the slot cursor of each
+-- queue with a concurrency limit moved past the last slot it took (of `slot`).
+UPDATE todo_queues AS settings
+   SET rate_count = CASE WHEN NOT {{counts_rate(settings)}} THEN settings.rate_count
+                         WHEN settings.rate_window = {{rate_window(settings)}}
+                         THEN settings.rate_count + claims.count
+                         ELSE claims.count END,
+       rate_window = CASE WHEN {{counts_rate(settings)}} THEN {{rate_window(settings)}}
+                          ELSE settings.rate_window END,
+       slot_cursor = coalesce(mod(settings.slot_cursor + claims.last_step + 1,
+                                  settings.concurrency_limit), settings.slot_cursor)
+  FROM (SELECT $claimed.queue, count(*) AS count, max($slot.step) AS last_step
+          FROM $claimed
+          LEFT JOIN $slot ON $slot.id = $claimed.id
+         WHERE $claimed.queue IN (SELECT queue FROM $room)
+         GROUP BY $claimed.queue) AS claims
+ WHERE settings.name = claims.queue
+   AND ({{counts_rate(settings)}} OR claims.last_step IS NOT NULL)
+
+-- fragment: counts_rate(settings)
+-- Whether a claim adds what it took to the rate window of `settings` (a todo_queues row): the
+-- queue has a rate limit, and no later claim has closed the window this statement is in.
+($settings.rate_limit IS NOT NULL
+ AND ($settings.rate_window IS NULL OR $settings.rate_window <= {{rate_window($settings)}}))
+
+-- fragment: ready_scan(queue, priorities, mark)
+-- claim_next's scan of the ready todos of `queue` at the `priorities` (a condition on the
+-- column), from `mark` on: in claim order, each locked as it is read, under the constant
+-- limit explained at claim_next. With a fixed priority, the B-tree seeks to the mark. A todo
+-- with a concurrency key is taken only if no ready todo with its key comes before it (higher
+-- priority, then older, then lower id): so the todos of one key are claimed in order, even
+-- while a concurrent claim holds the first one locked (idx_todos_key_order).
+SELECT * FROM (
+    SELECT id, priority, concurrency_key, created_at
+      FROM todos
+     WHERE state = 'pending' AND next_retry_at IS NULL
+       AND queue = $queue AND $priorities
+       AND created_at >= $mark
+       AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
+       AND {{key_free(todos)}}
+       AND (todos.concurrency_key IS NULL OR NOT EXISTS (
+                SELECT FROM todos AS earlier
+                 WHERE earlier.concurrency_key = todos.concurrency_key
+                   AND earlier.state = 'pending' AND earlier.next_retry_at IS NULL
+                   AND (-earlier.priority, earlier.created_at, earlier.id)
+                       < (-todos.priority, todos.created_at, todos.id)))
+     ORDER BY priority DESC, created_at
+     LIMIT 1000
+       FOR UPDATE SKIP LOCKED
+) AS scan
+
+-- name: claim_next
+-- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
+-- priority first, then the longest-claimable. Each queue is its own index scan (in priority,
+-- then created_at order) that stops at the first unlocked rows, so the cost does not grow with
+-- the backlog; a plain "queue = ANY(...) ORDER BY" would sort the whole backlog. Retries that
+-- fell due and expired leases come from their own scans, in the order they became claimable,
+-- up to %(limit)s each; all candidates are then ranked by priority and claimable time. A todo
+-- whose concurrency key another claimed todo holds is passed over, and of candidates sharing a
+-- key only the first is taken, so one key is never claimed twice. The scan of a queue's ready
+-- todos starts at low-water marks (marks.py): each priority this process has claimed from,
+-- %(group_priorities)s of %(group_queues)s, from its own mark, %(group_marks)s; the priorities
+-- above %(tops)s and below %(bottoms)s from the queue's mark, %(marks)s (year 1: from the head
+-- of the index); in priority order, and only as far as the limit needs. Expired leases are
+-- looked for only when %(full_scan)s. A paused queue is not scanned at all, and a limited
+-- one only as far as its room (the "room" CTE: the pause, rate and concurrency limits of the
+-- queues' todo_queues rows, read and enforced in this statement).
+-- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
+-- at each call, which costs more than running it. So the planner must not see the queues,
+-- the marks, the owner, the limit or whether it is a full scan, all read through
+-- "(SELECT ...)": every call then gets the same plan, and the generic one wins. Each scan
+-- locks rows under a constant "LIMIT 1000" (the largest claim_batch
+-- limit) and yields them to the real limit above it, which stops pulling, hence locking, at
+-- %(limit)s rows: the constant keeps the plan's estimated cost small however large the
+-- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
+-- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
+WITH room AS MATERIALIZED (
+    {{room((SELECT %(queues)s::text[])::text[])}}
+),
+ready AS MATERIALIZED (
+    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
+           candidate.created_at AS claimable_at
+      FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
+                  (SELECT %(tops)s::int[]), (SELECT %(bottoms)s::int[]))
+           AS wanted (queue, mark, top, bottom)
+      LEFT JOIN room ON room.queue = wanted.queue
+     CROSS JOIN LATERAL (
+            SELECT * FROM (
+                {{ready_scan(wanted.queue, priority > wanted.top, wanted.mark)}}
+                UNION ALL
+                SELECT known.*
+                  FROM unnest((SELECT %(group_queues)s::text[]),
+                              (SELECT %(group_priorities)s::int[]),
+                              (SELECT %(group_marks)s::timestamptz[]))
+                       AS grp (queue, priority, mark)
+                 CROSS JOIN LATERAL (
+                        {{ready_scan(grp.queue, priority = grp.priority, grp.mark)}}
+                       ) AS known
+                 WHERE grp.queue = wanted.queue
+                UNION ALL
+                {{ready_scan(wanted.queue, priority < wanted.bottom, wanted.mark)}}
+            ) AS locked
+            LIMIT least((SELECT %(limit)s::int), room.room)
+           ) AS candidate
+),
+due AS MATERIALIZED (
+    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
+           candidate.next_retry_at AS claimable_at
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
+      LEFT JOIN room ON room.queue = wanted.queue
+     CROSS JOIN LATERAL (
+            SELECT * FROM (
+                SELECT id, priority, concurrency_key, next_retry_at
+                  FROM todos
+                 WHERE state = 'pending' AND next_retry_at IS NOT NULL
+                   AND queue = wanted.queue
+                   AND next_retry_at <= now()
+                   AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
+                   AND {{key_free(todos)}}
+                 ORDER BY next_retry_at
+                 LIMIT 1000
+                   FOR UPDATE SKIP LOCKED
+            ) AS locked
+            LIMIT least((SELECT %(limit)s::int), room.room)
+           ) AS candidate
+),
+expired AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT id, queue, priority, concurrency_key, lease_expires_at AS claimable_at
+          FROM todos
+         WHERE (SELECT %(full_scan)s::bool) AND state = 'claimed'
+           AND lease_expires_at <= now()
+           AND attempt < max_attempts
+           AND queue = ANY ((SELECT %(queues)s::text[])::text[])
+           AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
+         ORDER BY lease_expires_at
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED
+    ) AS locked
+    LIMIT (SELECT %(limit)s::int)
+),
+first_per_key AS MATERIALIZED (
+    {{first_per_key(ready, due, expired)}}
+),
+picked AS MATERIALIZED (
+    {{picked(first_per_key, room)}}
+),
+free_slot AS MATERIALIZED (
+    {{free_slot(room, (SELECT %(limit)s::int))}}
+),
+slot AS MATERIALIZED (
+    SELECT picked.id, free_slot.step, free_slot.slot
+      FROM picked
+      JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
+),
+claimed AS (
+    UPDATE todos
+       {{set_claimed(slot)}}
+     WHERE id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING todos.*
+),
+counted AS (
+    {{counted(claimed, slot, room)}}
+)
+SELECT claimed.*, picked.claimable_at
+  FROM claimed JOIN picked ON picked.id = claimed.id
+ ORDER BY picked.priority DESC, picked.claimable_at;
+
+-- name: claim_filtered
+-- Claim the todos an ORM queryset picks (querysets.py). The three placeholders in braces are
+-- its scans of ready todos, due retries and expired leases, each a SELECT of id, queue,
+-- priority, concurrency_key and claimable_at, FOR UPDATE SKIP LOCKED, in claim order, carrying the
+-- claimable, assignee and concurrency-key conditions; the update tests the first two again, so
+-- that no queryset can make it claim what is not claimable. All candidates are then ranked by
+-- priority and claimable time; of those sharing a key only the first is taken, and
+-- idx_todos_key_claimed settles a race with another claim (managers.py).
+WITH ready AS MATERIALIZED (
+    {ready}
+),
+due AS MATERIALIZED (
+    {due}
+),
+expired AS MATERIALIZED (
+    {lapsed}
+),
+room AS MATERIALIZED (
+    {{room(ARRAY(SELECT queue FROM ready UNION SELECT queue FROM due UNION SELECT queue FROM expired))}}
+),
+first_per_key AS MATERIALIZED (
+    {{first_per_key(ready, due, expired)}}
+),
+picked AS MATERIALIZED (
+    {{picked(first_per_key, room)}}
+),
+free_slot AS MATERIALIZED (
+    {{free_slot(room, (SELECT %(limit)s::int))}}
+),
+slot AS MATERIALIZED (
+    SELECT picked.id, free_slot.step, free_slot.slot
+      FROM picked
+      JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
+),
+claimed AS (
+    UPDATE todos
+       {{set_claimed(slot)}}
+     WHERE id = ANY (ARRAY(SELECT id FROM picked))
+       AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
+            OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
+       AND (assignee IS NULL OR assignee = %(owner)s)
+    RETURNING todos.*
+),
+counted AS (
+    {{counted(claimed, slot, room)}}
+)
+SELECT * FROM claimed;
+
+-- name: claim
+-- Claim one todo by id: pending and due, or claimed with an expired lease and attempts left,
+-- in a queue that is neither paused nor at a limit (the "room" CTE).
+WITH room AS MATERIALIZED (
+    {{room(ARRAY(SELECT queue FROM todos WHERE id = %(todo_id)s))}}
+),
+picked AS (
+    SELECT id, queue, 1 AS in_queue
+      FROM todos
+     WHERE id = %(todo_id)s
+       AND coalesce((SELECT room.room FROM room WHERE room.queue = todos.queue), 1) > 0
+),
+free_slot AS MATERIALIZED (
+    {{free_slot(room, 1)}}
+),
+slot AS MATERIALIZED (
+    SELECT picked.id, free_slot.step, free_slot.slot
+      FROM picked
+      JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
+),
+claimed AS (
+    UPDATE todos
+       {{set_claimed(slot)}}
+     WHERE id = (SELECT id FROM picked)
+       AND (assignee IS NULL OR assignee = %(owner)s)
+       AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
+            OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
+       AND {{key_free(todos)}}
+    RETURNING todos.*
+),
+counted AS (
+    {{counted(claimed, slot, room)}}
+)
+SELECT * FROM claimed;

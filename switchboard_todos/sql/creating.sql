@@ -1,0 +1,323 @@
+-- Creating todos: one (create_todo), one waiting for others (create_child), a batch
+-- (create_many), a graph of todos waiting for each other (create_graph), a schedule's tick
+-- (tick_schedule), and what enqueue_many's COPY needs (queue_max_attempts, notify_queues).
+-- Format and conventions: shared.sql.
+
+-- fragment: max_attempts_of(given, queue)
+-- A new todo's attempt budget: `given`, or when the caller gave none (NULL), the default of its
+-- queue `queue` (todo_queues.max_attempts), else %(default_max_attempts)s. The queue's row is
+-- read only when none was given: COALESCE evaluates an argument only when those before it
+-- are NULL.
+coalesce($given,
+         (SELECT settings.max_attempts FROM todo_queues AS settings WHERE settings.name = $queue),
+         %(default_max_attempts)s::int)
+
+-- fragment: unless_key_held
+-- An insert skips a todo whose (queue, idempotency_key) a live todo holds (idx_todos_dedupe).
+ON CONFLICT (queue, idempotency_key)
+   WHERE idempotency_key IS NOT NULL AND {{live(state)}}
+DO NOTHING
+
+-- fragment: inserted_columns
+-- What the "inserted" CTE of a create returns: the columns of created_columns, and the queue
+-- (its notification). Not `*`: the rest would be stored for the answer and never read.
+id, queue, max_attempts, next_retry_at, parents, waiting_for, on_parent_failure, children,
+created_at, updated_at
+
+-- fragment: todo_columns(todo)
+-- Every column of `todo`, in the model's order: what a statement returns when its branches must
+-- agree (created_then_held), which `*` (the table's physical order) does not promise.
+$todo.id, $todo.queue, $todo.source, $todo.kind, $todo.title, $todo.payload, $todo.event_id,
+$todo.idempotency_key, $todo.assignee, $todo.state, $todo.owner, $todo.lease_expires_at,
+$todo.attempt, $todo.max_attempts, $todo.priority, $todo.concurrency_key, $todo.slot,
+$todo.next_retry_at, $todo.result, $todo.errors, $todo.errors_dropped, $todo.progress,
+$todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure, $todo.children,
+$todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
+
+-- fragment: created_columns(todo)
+-- todo_columns of a todo just inserted, with NULL for the values its creator gave and for those
+-- every new todo starts with (read as sql.CREATED_NULLS; the manager fills the first in from its
+-- own parameters and the second, sql.CREATED_FRESH, from the columns' defaults): a create sends
+-- back only what the database decided. `todo` holds inserted_columns.
+$todo.id, NULL::text AS queue, NULL::text AS source, NULL::text AS kind, NULL::text AS title,
+NULL::jsonb AS payload, NULL::text AS event_id, NULL::text AS idempotency_key,
+NULL::text AS assignee, NULL::text AS state, NULL::text AS owner,
+NULL::timestamptz AS lease_expires_at, NULL::int AS attempt, $todo.max_attempts,
+NULL::smallint AS priority, NULL::text AS concurrency_key, NULL::smallint AS slot,
+$todo.next_retry_at, NULL::jsonb AS result, NULL::jsonb AS errors, NULL::int AS errors_dropped,
+NULL::jsonb AS progress, NULL::boolean AS awaited, $todo.parents, $todo.waiting_for,
+$todo.on_parent_failure, $todo.children, $todo.created_at, $todo.updated_at,
+NULL::timestamptz AS claimed_at, NULL::timestamptz AS completed_at
+
+-- fragment: created_then_held(inserted, notified)
+-- The answer of a create, once its `notified` CTE has run: the todos of `inserted` (created,
+-- without the values their creator gave: created_columns), then the rows of `todos` that the
+-- FROM and WHERE clauses following it pick (the live todos holding the keys of those not
+-- inserted; not created), whole.
+SELECT {{created_columns($inserted)}}, true AS created
+  FROM $inserted
+ WHERE (SELECT count(*) FROM $notified) >= 0
+UNION ALL
+SELECT {{todo_columns(todos)}}, false AS created
+  FROM todos
+
+-- fragment: created_or_held(inserted, notified)
+-- The answer of a statement that creates one todo: the todo of `inserted`, or else the live
+-- todo that holds (%(queue)s, %(idempotency_key)s).
+{{created_then_held($inserted, $notified)}}
+ WHERE queue = %(queue)s
+   AND idempotency_key = %(idempotency_key)s
+   AND {{live(state)}}
+   AND NOT EXISTS (SELECT FROM $inserted)
+
+-- fragment: batch_rows(given)
+-- The FROM item of a batch of new todos, `given` (fields, payload): %(rows)s, a JSON array of
+-- one array per todo of its column values (batch_columns), zipped with %(payloads)s, a JSON
+-- array of their payloads. Two values, not an array per column: psycopg escapes each element of
+-- an array in Python, which cost more than the insert itself.
+ROWS FROM (jsonb_array_elements(%(rows)s::jsonb), jsonb_array_elements(%(payloads)s::jsonb))
+    AS $given (fields, payload)
+
+-- fragment: batch_columns(given)
+-- The columns of a new todo of batch_rows `given`, by their place in its array of values.
+$given.fields ->> 0 AS id, $given.fields ->> 1 AS queue, $given.fields ->> 2 AS source,
+$given.fields ->> 3 AS kind, $given.fields ->> 4 AS title, $given.payload,
+$given.fields ->> 5 AS event_id, $given.fields ->> 6 AS idempotency_key,
+$given.fields ->> 7 AS assignee, ($given.fields ->> 8)::int AS max_attempts,
+($given.fields ->> 9)::smallint AS priority, $given.fields ->> 10 AS concurrency_key,
+($given.fields ->> 11)::timestamptz AS run_after
+
+-- fragment: parents_locked(ids)
+-- The body of the "parent" CTE of a creation: the existing todos in `ids` (a text[]) a new todo
+-- waits for, locked in id order (two creators of children of one parent take turns, never
+-- deadlock; a statement finishing one waits, then sees the child: children_seen) and read as
+-- they are now.
+SELECT id, state
+  FROM todos
+ WHERE id = ANY ($ids)
+ ORDER BY id
+   FOR NO KEY UPDATE
+
+-- fragment: waited(parent)
+-- How many of the rows of `parent` (a FROM item of id, state: parents locked and read as they
+-- are now) a new todo waits for: those neither done nor failed.
+count(*) FILTER (WHERE $parent.state IN ('pending', 'claimed'))
+
+-- fragment: usable(parent, wanted)
+-- Whether the parents a new todo names (`wanted`, a text[]) all exist, and none is a dead letter:
+-- a todo does not wait for what will never be done (requeue it first).
+count(*) = cardinality($wanted) AND count(*) FILTER (WHERE $parent.state = 'failed') = 0
+
+-- name: create_todo
+-- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
+-- Without %(max_attempts)s (NULL), the todo takes its queue's default (max_attempts_of).
+WITH inserted AS (
+    INSERT INTO todos (queue, source, kind, title, payload, event_id, idempotency_key,
+                       assignee, max_attempts, priority, concurrency_key, next_retry_at)
+    VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
+            %(idempotency_key)s, %(assignee)s,
+            {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
+            %(priority)s, %(concurrency_key)s,
+            CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
+    {{unless_key_held}}
+    RETURNING {{inserted_columns}}
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM inserted WHERE next_retry_at IS NULL AND %(notify)s
+)
+{{created_or_held(inserted, notified)}};
+
+-- name: create_child
+-- Insert a pending todo %(id)s that waits for the todos %(parents)s, or return the live todo that
+-- already holds (queue, idempotency_key). The parents are locked and read as they are now
+-- (parents_locked): the todo waits for those neither done nor failed, and is not claimable
+-- while it waits (next_retry_at in the year 9999, the "blocked" fragment: at the end of
+-- idx_todos_scheduled, where no claim's scan of due todos reaches). Once inserted, it is added
+-- to each parent's children. Nothing is written when a parent is missing or a dead letter: the
+-- manager says which. Without %(max_attempts)s, the queue's default (max_attempts_of).
+WITH parent AS MATERIALIZED (
+    {{parents_locked(%(parents)s::text[])}}
+),
+waiting AS MATERIALIZED (
+    SELECT {{waited(parent)}} AS count
+      FROM parent
+    HAVING {{usable(parent, %(parents)s::text[])}}
+),
+inserted AS (
+    INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
+                       assignee, max_attempts, priority, concurrency_key, parents, waiting_for,
+                       on_parent_failure, next_retry_at)
+    SELECT %(id)s, %(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
+           %(idempotency_key)s, %(assignee)s,
+           {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
+           %(priority)s, %(concurrency_key)s, %(parents)s::text[], waiting.count,
+           %(on_parent_failure)s, CASE WHEN waiting.count > 0 THEN {{blocked}} END
+      FROM waiting
+    {{unless_key_held}}
+    RETURNING {{inserted_columns}}
+),
+linked AS (
+    UPDATE todos
+       SET children = coalesce(todos.children, '{}') || inserted.id, updated_at = now()
+      FROM inserted
+     WHERE todos.id IN (SELECT id FROM parent)
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM inserted WHERE next_retry_at IS NULL AND %(notify)s
+)
+{{created_or_held(inserted, notified)}};
+
+-- name: create_many
+-- Insert many pending todos at once. The answer is one row of what the database decided: its
+-- now() (each new todo's created_at and updated_at), the default max_attempts of each queue a
+-- row gave none for (defaults: {queue: max_attempts} of the queues that have a row in
+-- todo_queues; the others take %(default_max_attempts)s), the ids of the rows with a key that
+-- were not inserted (missed), which the manager looks up, and the ids of those inserted with a
+-- next_retry_at (a run_after still ahead) beside it. The manager builds the new todos from
+-- what it sent: returned, a batch of 1,000 cost more to send and read than to insert. (The
+-- live todos holding the missed keys are not joined in: a generic plan made while `todos`
+-- was nearly empty hashed a sequential scan of it, and every batch read the whole table.)
+WITH batch AS (
+    SELECT {{batch_columns(given)}}
+      FROM {{batch_rows(given)}}
+),
+defaults AS MATERIALIZED (
+    SELECT settings.name, settings.max_attempts
+      FROM todo_queues AS settings
+     WHERE settings.name IN (SELECT queue FROM batch WHERE max_attempts IS NULL)
+),
+inserted AS (
+    INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
+                       assignee, max_attempts, priority, concurrency_key, next_retry_at)
+    SELECT batch.id, batch.queue, source, kind, title, payload, event_id, idempotency_key,
+           assignee,
+           coalesce(batch.max_attempts, defaults.max_attempts, %(default_max_attempts)s::int),
+           priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
+      FROM batch
+      LEFT JOIN defaults ON defaults.name = batch.queue
+    {{unless_key_held}}
+    RETURNING id, queue, next_retry_at
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM (SELECT DISTINCT queue FROM inserted WHERE next_retry_at IS NULL AND %(notify)s)
+           AS claimable
+)
+SELECT now() AS now,
+       (SELECT jsonb_object_agg(name, max_attempts) FROM defaults) AS defaults,
+       ARRAY(SELECT id
+               FROM batch
+              WHERE idempotency_key IS NOT NULL
+                AND id NOT IN (SELECT id FROM inserted)) AS missed,
+       scheduled.ids AS scheduled, scheduled.next_retry_at
+  FROM (SELECT array_agg(id) AS ids, array_agg(next_retry_at) AS next_retry_at
+          FROM inserted
+         WHERE next_retry_at IS NOT NULL) AS scheduled
+ WHERE (SELECT count(*) FROM notified) >= 0;
+
+-- name: create_graph
+-- Insert many todos, some waiting for others of the batch or for existing todos: the whole
+-- batch or nothing (the manager runs it in a transaction, and rolls it back when a member's key
+-- is held by a live todo). Each row gives, after create_many's columns (batch_rows), its parents
+-- (a JSON array of ids), how many of them are members (new, so not done), its children among
+-- the members (ids), and its policy. The
+-- existing parents, %(existing)s, are locked and read as they are now, as create_child does;
+-- nothing is inserted when one is missing or a dead letter. A row without max_attempts takes
+-- its queue's default (max_attempts_of). The answer: one notification per queue, and the todos
+-- inserted (created, without what their creator gave) beside the live todos that hold the keys
+-- of those that were not (not created), whole.
+WITH batch AS (
+    SELECT {{batch_columns(given)}}, given.fields -> 12 AS parents,
+           (given.fields ->> 13)::int AS members_waited, given.fields -> 14 AS children,
+           given.fields ->> 15 AS policy
+      FROM {{batch_rows(given)}}
+),
+parent AS MATERIALIZED (
+    {{parents_locked(%(existing)s::text[])}}
+),
+usable AS MATERIALIZED (
+    SELECT {{usable(parent, %(existing)s::text[])}} AS ok
+      FROM parent
+),
+inserted AS (
+    INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
+                       assignee, max_attempts, priority, concurrency_key, parents, waiting_for,
+                       on_parent_failure, children, next_retry_at)
+    SELECT batch.id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
+           {{max_attempts_of(batch.max_attempts, batch.queue)}}, priority, concurrency_key,
+           nullif(ARRAY(SELECT jsonb_array_elements_text(batch.parents)), '{}'),
+           members_waited + waiting.existing, policy,
+           nullif(ARRAY(SELECT jsonb_array_elements_text(batch.children)), '{}'),
+           CASE WHEN members_waited + waiting.existing > 0 THEN {{blocked}} END
+      FROM batch
+     CROSS JOIN LATERAL (
+            SELECT {{waited(parent)}} AS existing
+              FROM parent
+             WHERE parent.id IN (SELECT jsonb_array_elements_text(batch.parents))
+           ) AS waiting
+     WHERE (SELECT ok FROM usable)
+    {{unless_key_held}}
+    RETURNING {{inserted_columns}}
+),
+linked AS (
+    UPDATE todos
+       SET children = coalesce(todos.children, '{}') || new.children, updated_at = now()
+      FROM (SELECT edge.parent_id, array_agg(inserted.id ORDER BY inserted.id) AS children
+              FROM inserted
+             CROSS JOIN LATERAL unnest(inserted.parents) AS edge (parent_id)
+             WHERE edge.parent_id IN (SELECT id FROM parent)
+             GROUP BY edge.parent_id) AS new
+     WHERE todos.id = new.parent_id
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM (SELECT DISTINCT queue FROM inserted WHERE next_retry_at IS NULL AND %(notify)s)
+           AS claimable
+)
+{{created_then_held(inserted, notified)}}
+  JOIN batch ON todos.queue = batch.queue AND todos.idempotency_key = batch.idempotency_key
+ WHERE {{live(todos.state)}}
+   AND batch.id NOT IN (SELECT id FROM inserted);
+
+-- name: tick_schedule
+-- Advance schedule %(schedule)s from the tick it awaited, %(awaited)s, to %(next_run_at)s, and
+-- enqueue its todo %(id)s for %(tick)s, unless %(enqueue)s is false (a missed tick skipped).
+-- The compare-and-set on next_run_at, in the statement that inserts, lets one scheduler of any
+-- number take each tick; the todo's idempotency key names the schedule and the tick.
+WITH advanced AS (
+    UPDATE todo_schedules
+       SET next_run_at = %(next_run_at)s,
+           last_tick_at = %(tick)s,
+           last_todo_id = CASE WHEN %(enqueue)s THEN %(id)s ELSE last_todo_id END,
+           updated_at = now()
+     WHERE name = %(schedule)s AND next_run_at = %(awaited)s AND NOT paused
+     RETURNING *
+),
+inserted AS (
+    INSERT INTO todos (id, queue, source, kind, title, payload, idempotency_key, max_attempts,
+                       priority, concurrency_key)
+    SELECT %(id)s, queue, 'schedule', kind, title, payload, %(idempotency_key)s, max_attempts,
+           priority, concurrency_key
+      FROM advanced
+     WHERE %(enqueue)s
+    {{unless_key_held}}
+    RETURNING *
+),
+notified AS (
+    SELECT pg_notify('switchboard_todos', queue)
+      FROM inserted WHERE %(notify)s
+)
+SELECT * FROM inserted WHERE (SELECT count(*) FROM notified) >= 0;
+
+-- name: queue_max_attempts
+-- The default max_attempts of those of %(queues)s that have one (todo_queues): enqueue_many
+-- reads them before its COPY, which cannot look them up row by row.
+SELECT name, max_attempts
+  FROM todo_queues
+ WHERE name = ANY (%(queues)s::text[]) AND max_attempts IS NOT NULL;
+
+-- name: notify_queues
+-- Wake the workers of %(queues)s, on commit: enqueue_many's COPY cannot notify by itself.
+SELECT pg_notify('switchboard_todos', queue) FROM unnest(%(queues)s::text[]) AS woken (queue);

@@ -1,0 +1,79 @@
+-- Retention: deleting finished todos, in bounded batches, on an operator's purge (purge_batch,
+-- and its dry run count_purgeable) and by the reaper for the queues with a retention
+-- (retained_queues, purge_retained). Format and conventions: shared.sql.
+
+-- name: purge_batch
+-- Delete up to %(limit)s finished todos (%(states)s, only done or failed) completed more than
+-- %(older_than)s ago and at or after %(after)s, oldest first; one short transaction per batch.
+-- Rows another session holds are skipped, never waited for. Walking idx_todos_finished from
+-- %(after)s (the newest completed_at of the previous batch) keeps every batch as cheap as the
+-- first: the index entries of rows deleted by earlier batches are never walked again. Returns
+-- the todos deleted per queue and state, with the newest completed_at of each (where the next
+-- batch starts). = ANY(ARRAY(...)), not IN (SELECT ...): an array is probed through the
+-- primary key; a semi-join may be planned as a hash join over a scan of the whole table.
+WITH doomed AS (
+    SELECT id
+      FROM todos
+     WHERE state IN ('done', 'failed')
+       AND state = ANY (%(states)s::text[])
+       AND completed_at < now() - %(older_than)s::interval
+       AND completed_at >= coalesce(%(after)s::timestamptz, '-infinity')
+       AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
+     ORDER BY completed_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM todos
+     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
+    RETURNING queue, state, completed_at
+)
+SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
+  FROM deleted
+ GROUP BY queue, state;
+
+-- name: purge_retained
+-- Delete up to %(limit)s done and failed todos of queue %(queue)s completed longer ago than its
+-- retention, %(retention)s, and at or after %(after)s, oldest first; one bounded batch, which
+-- the reaper repeats while batches come back full. Nothing when the queue's retention
+-- (todo_queues) has since been cleared or made longer. Like purge_batch it walks
+-- idx_todos_finished from %(after)s, the newest completed_at a previous batch deleted: a todo
+-- is only ever completed at now(), so no deletable todo appears behind that mark, and the
+-- reaper keeps it from sweep to sweep instead of walking again, every few seconds, past the
+-- finished todos of queues kept for ever. Rows another session holds are skipped. Returns
+-- what purge_batch does, and deletes as it does.
+WITH doomed AS (
+    SELECT id
+      FROM todos
+     WHERE state IN ('done', 'failed')
+       AND completed_at < now() - %(retention)s::interval
+       AND completed_at >= coalesce(%(after)s::timestamptz, '-infinity')
+       AND queue = %(queue)s
+       AND %(retention)s::interval <= (SELECT retention FROM todo_queues WHERE name = %(queue)s)
+     ORDER BY completed_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM todos
+     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
+    RETURNING queue, state, completed_at
+)
+SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
+  FROM deleted
+ GROUP BY queue, state;
+
+-- name: retained_queues
+-- The queues with a retention (todo_queues), which the reaper purges, and their retention.
+SELECT name, retention FROM todo_queues WHERE retention IS NOT NULL ORDER BY name;
+
+-- name: count_purgeable
+-- Count, per queue and state, the todos purge_batch would delete with the same parameters.
+SELECT queue, state, count(*) AS deleted
+  FROM todos
+ WHERE state IN ('done', 'failed')
+   AND state = ANY (%(states)s::text[])
+   AND completed_at < now() - %(older_than)s::interval
+   AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
+ GROUP BY queue, state
+ ORDER BY queue, state;

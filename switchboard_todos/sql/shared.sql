@@ -1,0 +1,203 @@
+-- The todo state machine in SQL, one guarded statement per transition, in one file per family:
+-- creating.sql, claiming.sql, holding.sql, operating.sql and retention.sql. This file holds
+-- what they all follow, and the fragments that statements of two or more families share.
+--
+-- Format: a block starts at "-- name: <operation>" (the TodoManager method of the same name)
+-- and runs to the next such line; its first comment line is the contract. Parameters are
+-- named, %(name)s. Time is always the database's now(): the application's clock never
+-- decides a lease. A statement that returns no row missed its guard, and the manager
+-- classifies the miss (TodoNotFound or TodoConflict). Each statement that writes todos has its
+-- row in transitions.py, whose from-states are the states its guard tests (a test holds them).
+--
+-- When a todo becomes claimable: a pending todo with no next_retry_at at created_at, one with
+-- a next_retry_at at that time, and a claimed todo whose lease expired at lease_expires_at.
+-- Claims take the highest priority first and, within a priority, the longest-claimable first,
+-- so a retried todo queues behind work that was already waiting, as a message that becomes
+-- visible again does in SQS.
+--
+-- A statement that makes todos claimable right now also sends NOTIFY switchboard_todos with the
+-- queue name as payload, once per queue and statement (never per row), so that listening
+-- workers wake at once; %(notify)s (SWITCHBOARD_TODOS_LISTEN) turns that off. NOTIFY is
+-- transactional: it is delivered when the caller's transaction commits, and not at all if it
+-- rolls back. The "notified" CTE runs only because the final query references it, hence the
+-- always-true "WHERE (SELECT count(*) FROM notified) >= 0". Likewise, a statement that ends
+-- todos tells whoever waits for one of them (wait_for) in its "finished" CTE: NOTIFY
+-- switchboard_todos_done with the todo's id, only for a todo someone marked awaited, so that
+-- the others cost nothing but the test.
+--
+-- What several statements share is written once, as a fragment: "-- fragment: x(a, b)" defines
+-- it, "{{x(value, value)}}" places it, $a in its body stands for the value given (sql/__init__.py
+-- composes them when the files are loaded; a fragment of any file serves every file). A
+-- fragment is an expression, a clause or the body of a CTE, never the CTE itself: every CTE a
+-- statement uses is named in the statement's own text, and a fragment reads a CTE only through
+-- a parameter, so the statement shows what flows where. A fragment of one family sits in its
+-- file, above the statements that use it; what one statement uses once is written out in it.
+
+-- fragment: live(state)
+-- A todo that holds its idempotency key: pending or claimed, neither done nor failed. This is
+-- the predicate of idx_todos_dedupe; `state` is the column, qualified as the statement needs.
+$state <> 'done' AND $state <> 'failed'
+
+-- fragment: blocked
+-- The next_retry_at of a todo that waits for others: later than any claim will look, and
+-- still a date Python can read (year 9999, not 'infinity').
+'9999-01-01 00:00:00+00'::timestamptz
+
+-- fragment: lease_end(todo)
+-- When the lease a claim or heartbeat gives `todo` ends: %(ttl)s from now, or, when the caller
+-- gave none, its queue's visibility timeout (todo_queues), else %(default_ttl)s
+-- (SWITCHBOARD_TODOS_DEFAULT_TTL). The queue's row is read only when no ttl was given. The ttl
+-- is read through "(SELECT ...)", as the claim's other parameters are (claim_next): a planner
+-- that saw it given would drop the lookup from a custom plan, whose cost would then stay below
+-- the generic plan's, and PostgreSQL would plan the prepared claim anew at every call.
+now() + coalesce((SELECT %(ttl)s::interval),
+                 (SELECT settings.visibility_timeout FROM todo_queues AS settings
+                   WHERE settings.name = $todo.queue),
+                 %(default_ttl)s::interval)
+
+-- fragment: cancelled_hold(todo)
+-- `todo` was cancelled by an operator while its owner held it: a dead letter whose result is
+-- the cancel's error and which, alone of the dead letters, keeps its owner (fail, the reaper
+-- and requeue clear it), so that the holder can be told "cancelled" rather than "not yours".
+($todo.state = 'failed' AND $todo.owner IS NOT NULL AND $todo.result ->> 'type' = 'Cancelled')
+
+-- fragment: errors_with(owner, error)
+-- The failure history (`errors`) with one more entry: the attempt that ended, who held it, when
+-- it was claimed and when it ended, and `error`, an object with "type" and "message" (trimmed
+-- to SWITCHBOARD_TODOS_MAX_ERROR_BYTES before the statement). Only the last
+-- %(max_errors_kept)s entries are kept; errors_dropped_with counts the ones this drops, and
+-- every statement that writes one writes the other.
+jsonb_path_query_array(
+    errors || jsonb_build_array(jsonb_build_object(
+        'attempt', attempt, 'owner', $owner, 'claimed_at', claimed_at, 'at', now(),
+        'error', $error)),
+    '$[last - $kept + 1 to last]', jsonb_build_object('kept', %(max_errors_kept)s::int))
+
+-- fragment: errors_dropped_with
+-- `errors_dropped` plus the entries errors_with drops from the history, in the same SET.
+errors_dropped + greatest(0, jsonb_array_length(errors) + 1 - %(max_errors_kept)s::int)
+
+-- fragment: lease_expired
+-- The error of an attempt whose lease expired: recorded by the reaper, or the claim taking over.
+jsonb_build_object('type', 'LeaseExpired',
+    'message', 'The lease lapsed before complete, fail or release.')
+
+-- fragment: rate_window(settings)
+-- Where the current window of `settings`' (a todo_queues row) rate limit began: windows are
+-- rate_period long and counted from the Unix epoch, so that every claimer agrees on them.
+to_timestamp(floor(extract(epoch FROM now()) / extract(epoch FROM $settings.rate_period))
+             * extract(epoch FROM $settings.rate_period))
+
+-- fragment: room_of(settings)
+-- How many more todos of `settings`' queue (a todo_queues row) may be claimed now: none while
+-- it is paused (until its resume_at), else what its rate limit leaves of the current window
+-- and its concurrency limit leaves of its slots (claimed todos holding one); NULL: no limit.
+-- The current window is this statement's (its now()): a claim that began in a window that a
+-- later claim has since closed (it waited for the row meanwhile) takes nothing, as that
+-- window's count is gone.
+CASE WHEN $settings.paused AND ($settings.resume_at IS NULL OR $settings.resume_at > now())
+     THEN 0
+     WHEN $settings.rate_limit IS NULL AND $settings.concurrency_limit IS NULL THEN NULL
+     ELSE greatest(0, least(
+         $settings.rate_limit - CASE WHEN $settings.rate_window = {{rate_window($settings)}}
+                                     THEN $settings.rate_count
+                                     WHEN $settings.rate_window > {{rate_window($settings)}}
+                                     THEN $settings.rate_limit
+                                     ELSE 0 END,
+         $settings.concurrency_limit - (
+             SELECT count(*) FROM todos AS holder
+              WHERE holder.queue = $settings.name AND holder.state = 'claimed'
+                AND holder.slot IS NOT NULL)::int))
+END
+
+-- fragment: children_seen(todo)
+-- `todo` (the row a statement is about to finish) has no children, or the same ones as in this
+-- statement's snapshot. A todo created as its child while the statement waited for the row
+-- lock (the creator locks its parents) is not visible to the statement, which could then not
+-- unblock or settle it: re-checked on the row as it is now, the guard fails, the statement
+-- leaves the row alone, and the manager runs it again, seeing the child. A todo without
+-- children pays the IS NULL test only.
+($todo.children IS NULL
+ OR $todo.children = (SELECT seen.children FROM todos AS seen WHERE seen.id = $todo.id))
+
+-- fragment: locked_in_order(ids)
+-- The body of a CTE that locks the todos `ids` (a SELECT of ids) in id order before a later
+-- CTE changes them: two statements finishing parents of the same children take turns, and
+-- never deadlock.
+SELECT id
+  FROM todos
+ WHERE id = ANY (ARRAY($ids))
+ ORDER BY id
+   FOR NO KEY UPDATE
+
+-- fragment: unblocked(edges, waiting)
+-- The body of the "unblocked" CTE: each todo named by a `child_id` of `edges` (a FROM item,
+-- one row per parent of it that just finished: done, or a dead letter it runs anyway after)
+-- counts that many parents fewer, and one left with none becomes due now, claimable as a new
+-- todo is. The children were locked in id order first, in the CTE `waiting`
+-- (locked_in_order); of 8 parents of one child finishing at once, each decrement sees the one
+-- before. Their state is tested on the rows as they are now (in SET, not in the scans), so
+-- that a child a concurrent requeue has just brought back is counted.
+UPDATE todos AS child
+   SET waiting_for = CASE WHEN child.state = 'pending' AND child.waiting_for > 0
+                          THEN child.waiting_for - edge.count ELSE child.waiting_for END,
+       next_retry_at = CASE WHEN child.state = 'pending' AND child.waiting_for > 0
+                             AND child.waiting_for - edge.count <= 0 THEN now()
+                            ELSE child.next_retry_at END,
+       updated_at = now()
+  FROM (SELECT child_id, count(*) AS count FROM $edges GROUP BY child_id) AS edge
+ WHERE child.id = edge.child_id AND child.id IN (SELECT id FROM $waiting)
+RETURNING child.id, child.queue, child.state, child.waiting_for, child.next_retry_at
+
+-- fragment: lost(fallen)
+-- The body of the "lost" CTE: the todos to be cancelled because one of `fallen` (a FROM item
+-- of rows with id and children, just made dead letters) failed, each with the parent it fails
+-- for: those waiting for one with on_parent_failure 'cancel', and in turn those waiting for
+-- them. Settling what waits for dead letters takes six CTEs, which fail, reap_expired and
+-- cancel write in this order: "lost", "spared" (those that run anyway), "held_below" (all of
+-- them locked in id order: locked_in_order), "cancelled_below" (the lost made dead letters
+-- saying which parent failed), then "waiting" and "unblocked" (the spared count the failed
+-- parent as finished).
+WITH RECURSIVE below (id, children, parent) AS (
+    SELECT child.id, child.children, gone.id
+      FROM (SELECT id, children FROM $fallen) AS gone
+     CROSS JOIN LATERAL unnest(gone.children) AS edge (id)
+      JOIN todos AS child ON child.id = edge.id
+     WHERE child.state = 'pending' AND child.on_parent_failure = 'cancel'
+    UNION
+    SELECT child.id, child.children, below.id
+      FROM below
+     CROSS JOIN LATERAL unnest(below.children) AS edge (id)
+      JOIN todos AS child ON child.id = edge.id
+     WHERE child.state = 'pending' AND child.on_parent_failure = 'cancel'
+)
+SELECT DISTINCT ON (id) id, children, parent FROM below ORDER BY id, parent
+
+-- fragment: spared(fallen, lost)
+-- The body of the "spared" CTE: the children of `fallen` and of `lost` (the todos cancelled
+-- with them) that run anyway after a failed parent (on_parent_failure 'run_anyway'), one row
+-- per such parent: the edges that "unblocked" counts.
+SELECT child.id AS child_id
+  FROM (SELECT id, children FROM $fallen UNION ALL SELECT id, children FROM $lost) AS gone
+ CROSS JOIN LATERAL unnest(gone.children) AS edge (id)
+  JOIN todos AS child ON child.id = edge.id
+ WHERE child.on_parent_failure = 'run_anyway'
+
+-- fragment: cancelled_below(lost, held_below)
+-- The body of the "cancelled_below" CTE: the todos of `lost` made dead letters, each saying
+-- which parent failed; those locked in `held_below` and pending still.
+UPDATE todos
+   SET state = 'failed', next_retry_at = NULL, completed_at = now(), updated_at = now(),
+       result = {{parent_failed($lost.parent)}},
+       errors = {{errors_with(NULL, {{parent_failed($lost.parent)}})}},
+       errors_dropped = {{errors_dropped_with}}
+  FROM $lost
+ WHERE todos.id = $lost.id AND todos.id IN (SELECT id FROM $held_below)
+   AND todos.state = 'pending'
+RETURNING todos.id, todos.awaited
+
+-- fragment: parent_failed(parent)
+-- The result and error of a todo that was cancelled because `parent`, which it waited for (or
+-- waited for through others), ended as a dead letter; requeue reads "parent" back.
+jsonb_build_object('type', 'ParentFailed', 'parent', $parent,
+    'message', 'Todo ' || $parent || ', which this todo waited for, ended as a dead letter.')
