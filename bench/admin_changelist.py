@@ -7,9 +7,9 @@ Run by hand, against a development database (never a test one):
     python bench/admin_changelist.py                      # measure only
 
 The fill is one INSERT ... SELECT generate_series with a realistic mix: mostly done, a few
-percent pending (a quarter of them waiting for a retry, a quarter blocked waiting for other
-todos), some claimed (a tenth of those with a lapsed lease) and dead letters, over eight queues
-of uneven size and thirty days. Then a plan: 40 parts and a merge waiting for them, whose page
+percent pending (a quarter of them in backoff, a quarter blocked by other
+todos), some claimed (a tenth of those with an expired lease) and dead letters, over eight queues
+of uneven size and thirty days. Then a plan: 40 parts and a merge blocked by them, whose page
 draws the graph.
 """
 

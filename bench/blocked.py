@@ -1,6 +1,6 @@
 """Scenario: the claim scenarios with 100,000 blocked todos in the queue (docs/dependencies.md).
 
-A todo that waits for others is pending but not claimable: it waits at the far end of
+A todo blocked by others is pending but not claimable: it sits at the far end of
 idx_todos_scheduled, where no claim's scan of due todos reaches, so it should cost a claim
 nothing. Each drain of scenarios 3 and 4 runs again here with 100,000 such todos (children of
 one parent that is never completed) in the drained queue; the raw reference runs beside it as
@@ -21,7 +21,7 @@ TARGETS = {"single": drain_single.TARGET, "worker": drain_worker.TARGET}
 
 
 def add_blocked(count: int) -> None:
-    """`count` todos of the drained queue waiting for a parent that never completes."""
+    """`count` todos of the drained queue blocked by a parent that never completes."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -45,7 +45,7 @@ def add_blocked(count: int) -> None:
 def drain_with_blocked(
     bench: Bench, task: Any, workers: int, backlog: int, blocked: int, **kwargs: Any
 ) -> float:
-    """`Bench.drain`, with `blocked` todos waiting in the queue all along."""
+    """`Bench.drain`, with `blocked` todos in the queue all along."""
     reset(backlog)
     add_blocked(blocked)
     seconds, _ = bench.pool.run(

@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 #: The queue every scenario fills and drains.
 QUEUE = "bench"
-#: The lease every claim takes, in seconds: longer than any run, so none lapses.
+#: The lease every claim takes, in seconds: longer than any run, so none expires.
 TTL = 300
 #: How often the parent looks at the children's counters while a run goes on.
 _TICK = 0.002

@@ -2,20 +2,20 @@
 
 uvicorn serves the agents' API as in scenario 7 (one process per CPU, a pool of connections
 each). The well-behaved agents (4, or one fewer than the pool has processes) claim and complete
-one todo at a time over HTTP for 10 s, as in scenario 7 but with a wait on each claim, as an
+one todo at a time over HTTP for 10 s, as in scenario 7 but each claim a long poll, as an
 agent's loop does (a backlog answers it at once), and note how long each claim took. Each
 round does so three times: without the hostile agent, with its long polls only, and with
 everything it does, in one more process, under way a second before the clock starts. The
 hostile agent has a token of its own that claims from and creates in queue `hostile`, and
 
-* floods long polls: FLOOD threads, each in `POST claim/` with a wait over and over, four
-  times what SWITCHBOARD_TODOS_AGENT_MAX_WAITS admits per server process;
+* floods long polls: FLOOD threads, each in `POST claim/` with `wait` over and over, four
+  times what the long-poll cap (SWITCHBOARD_TODOS_AGENT_MAX_WAITS) admits per server process;
 * creates todos as fast as it can (1 KiB payloads, the highest max_attempts its quota allows);
 * fails every todo its long polls claim, at once (`retry_in` 0, a 64 KiB error), so that each
   comes back until its attempts are used up.
 
 Where the server says 429 it waits the Retry-After it is given, and goes on: it works at its
-quotas. Today those are the long polls' cap; the creates and fails run unbounded until the
+quotas. Today those are the long-poll cap; the creates and fails run unbounded until the
 quotas of issue 24 §2 (todos created per minute, the highest max_attempts, the size of an error)
 are in, and apply to these same requests then. Rate-limiting requests themselves is a reverse
 proxy's job, not the queue's.
@@ -77,7 +77,7 @@ class Connection:
 def measured_drain(
     child: Child, *, owner: str, base: str, tokens: dict[str, str]
 ) -> tuple[int, list[float]]:
-    """Claim (with a wait, as docs/agents.md's agent loop does) and complete one todo at a time
+    """Claim (a long poll, as docs/agents.md's agent loop does) and complete one todo at a time
     until told to stop; how many were completed, and each claim's latency in milliseconds."""
     agent = Connection(base, tokens[owner])
     agent.call("/todos/?limit=1", None, "GET")  # connected and authenticated before the clock

@@ -3,7 +3,7 @@
 It connects the way a plain psycopg program does (autocommit, psycopg's defaults: parameters
 bound on the server, a statement prepared from its fifth run), and claims from the same
 index our claim uses. What it leaves out is what our statements add: retries coming due,
-lapsed leases, assignees, failure history, the miss diagnosis, and the Todo instances.
+expired leases, assignees, failure history, the miss diagnosis, and the Todo instances.
 """
 
 from __future__ import annotations

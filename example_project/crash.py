@@ -2,8 +2,8 @@
 
 Several `todo_worker` processes and a reaper run with a short lease. A few slow todos are
 enqueued, and the first worker seen running one is killed with SIGKILL. A timeline follows,
-read from the todos table: the killed worker's lease lapses, since nobody renews it; the
-reaper requeues the todo (or a worker's claim takes the lapsed lease first); another worker
+read from the todos table: the killed worker's lease expires, since nobody renews it; the
+reaper requeues the todo (or a worker's claim takes the expired lease first); another worker
 completes it. The summary shows every todo done, its attempts, and who finished it.
 """
 
@@ -42,13 +42,13 @@ class Seen:
 
 @dataclass
 class Victim:
-    """The killed worker, the todo it held, and when (monotonic) that todo's lease lapses."""
+    """The killed worker, the todo it held, and when (monotonic) that todo's lease expires."""
 
     worker: Child
     owner: str
     todo_id: str
-    lapses_at: float
-    lapse_noted: bool = False
+    expires_at: float
+    expiry_noted: bool = False
 
 
 def short(todo_id: str) -> str:
@@ -162,20 +162,20 @@ class CrashDemo:
     def change(self, row: Mapping[str, Any]) -> None:
         todo, seen = short(row["id"]), self.seen[row["id"]]
         state, owner, attempt = row["state"], row["owner"], row["attempt"]
-        self.note_lapse(row)
+        self.note_expiry(row)
         if (state, owner, attempt) == (seen.state, seen.owner, seen.attempt):
             return
         who = self.name(owner)
         if state == State.CLAIMED and seen.state == State.CLAIMED:
             self.note(
-                f"{who} claimed {todo} (attempt {attempt}): its claim took the lapsed lease of "
+                f"{who} claimed {todo} (attempt {attempt}): its claim took the expired lease of "
                 f"{self.name(seen.owner)}"
             )
         elif state == State.CLAIMED:
             self.note(f"{who} claimed {todo} (attempt {attempt})")
         elif state == State.PENDING and seen.state == State.CLAIMED:
-            lapsed = row["errors"] and row["errors"][-1]["error"].get("type") == "LeaseExpired"
-            how = "the reaper requeued" if lapsed else "released"
+            expired = row["errors"] and row["errors"][-1]["error"].get("type") == "LeaseExpired"
+            how = "the reaper requeued" if expired else "released"
             self.note(f"{how} {todo}: attempt {seen.attempt} of {self.name(seen.owner)} is over")
         elif state == State.DONE:
             self.note(f"{who} completed {todo} on attempt {attempt}")
@@ -183,15 +183,15 @@ class CrashDemo:
             self.note(f"{todo} was dead-lettered after {attempt} attempts")
         self.seen[row["id"]] = Seen(state, owner, attempt)
 
-    def note_lapse(self, row: Mapping[str, Any]) -> None:
-        """Say that the killed worker's lease lapsed, once it has or it is seen taken from it."""
+    def note_expiry(self, row: Mapping[str, Any]) -> None:
+        """Say that the killed worker's lease expired, once it has or it is seen taken from it."""
         victim = self.victim
-        if victim is None or victim.todo_id != row["id"] or victim.lapse_noted:
+        if victim is None or victim.todo_id != row["id"] or victim.expiry_noted:
             return
         if row["owner"] == victim.owner and row["now"] < row["lease_expires_at"]:
             return
-        victim.lapse_noted = True
-        at = min(victim.lapses_at, time.monotonic())
+        victim.expiry_noted = True
+        at = min(victim.expires_at, time.monotonic())
         self.note(f"the lease of {short(row['id'])} lapsed: nobody renewed it", at)
 
     def maybe_kill(self, row: Mapping[str, Any], workers: dict[str, Child]) -> None:

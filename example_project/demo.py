@@ -53,7 +53,7 @@ WATCH_INTERVAL = 0.5
 TEXT = (
     "Webhooks arrive at least once and are duplicate-prone. Each delivery becomes a todo; "
     "workers claim todos under a lease, heartbeat while they work, and complete or fail them. "
-    "A lease that lapses brings its todo back, and a todo that fails too often is a dead "
+    "A lease that expires brings its todo back, and a todo that fails too often is a dead "
     "letter until an operator requeues it."
 )
 PUSH = {
@@ -299,7 +299,7 @@ class Demo:
         if self.seeded:
             self.say("What to look at (each is reported here when it ends):")
             self.say("  * example.flaky fails attempts 1 and 2 on purpose, then succeeds on 3;")
-            self.say("    retries wait 1 s, then 2 s here (SWITCHBOARD_TODOS_BACKOFF_BASE=1).")
+            self.say("    retries back off 1 s, then 2 s here (SWITCHBOARD_TODOS_BACKOFF_BASE=1).")
             self.say(f"  * example.doomed fails all {DOOMED_ATTEMPTS} attempts: a dead letter.")
             self.say("    Requeue it in the admin and watch it run (and fail) again.")
             self.say("  * the push delivery was sent three times: one event and one todo; the")

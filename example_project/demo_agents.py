@@ -20,7 +20,7 @@ AGENT = "demo-agent"
 QUEUE = "agents"
 TEXTS = (
     "MCP has no server-to-client push, so an agent drains its own list on its own loop.",
-    "A lease lapses when its holder stops heartbeating; the todo comes back by itself.",
+    "A lease expires when its holder stops heartbeating; the todo comes back by itself.",
     "An idempotency key turns a duplicate delivery into the todo already there.",
 )
 

@@ -3,7 +3,7 @@
     SWITCHBOARD_TOKEN=sbt_... python -m example_project.mcp_agent http://127.0.0.1:8000/mcp
 
 It speaks to the server with the official MCP client (no Django here: an agent anywhere runs
-the same loop): claim with a long-poll wait, heartbeat while working, complete, or fail on an
+the same loop): claim with a long poll, heartbeat while working, complete, or fail on an
 error. `make demo` runs it against the demo's queue `agents`, so the admin shows its todos
 claimed and completed by the agent. It runs until SIGTERM or SIGINT.
 """
@@ -27,7 +27,7 @@ from mcp.types import CallToolResult
 
 #: The lease each claim takes, in seconds; the agent heartbeats at a third of it.
 TTL = 30.0
-#: How long a claim waits for work (the tools' maximum: below MCP clients' request timeouts).
+#: How long a claim's long poll lasts (the tools' maximum: below MCP clients' request timeouts).
 WAIT = 20.0
 #: How long the pretend work of one todo takes, in seconds.
 WORK = 1.0
@@ -92,7 +92,7 @@ async def handle(session: ClientSession, todo: dict[str, Any]) -> str:
 
 
 async def drain(url: str, token: str, queues: list[str]) -> None:
-    """Claim, work, complete: forever (each claim waits for work up to WAIT seconds)."""
+    """Claim, work, complete: forever (each claim is a long poll of up to WAIT seconds)."""
     async with connect(url, token) as session:
         print(f"connected to {url}; claiming from {', '.join(queues)}", flush=True)
         while True:

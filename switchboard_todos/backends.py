@@ -236,7 +236,7 @@ def task_result(todo: Todo, task: AnyTask) -> AnyResult:
     `worker_ids` has one owner per attempt of the current attempt budget, so that
     TaskContext.attempt equals `todo.attempt`: an attempt whose entry the history no longer
     keeps (SWITCHBOARD_TODOS_MAX_ERRORS_KEPT) has an empty one. `errors` is the failure
-    history, one TaskError per failed or lapsed attempt it keeps, including those before an
+    history, one TaskError per failed or expired attempt it keeps, including those before an
     operator's requeue. `started_at` is the first kept attempt's claim.
     """
     held = todo.state in (State.CLAIMED, State.DONE)

@@ -92,7 +92,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         errors.append(
             checks.Error(
                 f"SWITCHBOARD_TODOS_BACKOFF_MAX ({cap}) is below SWITCHBOARD_TODOS_BACKOFF_BASE "
-                f"({base}), so every retry would wait the maximum.",
+                f"({base}), so every retry would back off the maximum.",
                 hint="Raise SWITCHBOARD_TODOS_BACKOFF_MAX or lower the base.",
                 id="switchboard_todos.E006",
             )

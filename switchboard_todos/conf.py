@@ -21,7 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "BACKOFF_JITTER": 0.5,
     # Largest payload, result or error accepted, in bytes of JSON.
     "MAX_JSON_BYTES": 1024 * 1024,
-    # Wake waiting workers and blocking claims through LISTEN/NOTIFY; turn off behind a
+    # Wake idle workers and long polls through LISTEN/NOTIFY; turn off behind a
     # transaction-pooling PgBouncer, which cannot deliver notifications (they then poll).
     "LISTEN": True,
     # Prepare the manager's statements once per connection (see cursors.py); turn off behind a
@@ -43,13 +43,13 @@ DEFAULTS: dict[str, Any] = {
     "MAX_ERROR_BYTES": 64 * 1024,
     # Largest progress note a heartbeat stores, in bytes of JSON.
     "MAX_PROGRESS_BYTES": 16 * 1024,
-    # Most lapsed leases one statement of the reaper takes back: one short transaction each.
+    # Most expired leases one statement of the reaper takes back: one short transaction each.
     "REAP_BATCH": 1000,
     # The lease, in seconds, of a claim that gives none, in a queue with no visibility timeout
     # of its own (the Queue row's), as SQS's default visibility timeout.
     "DEFAULT_TTL": 30.0,
     # What one remote agent may take, unless its own row says otherwise (the Agent's fields):
-    # long polls waiting at once (per server process), MCP sessions open at once (per server
+    # long polls at once (the long-poll cap, per server process), MCP sessions open at once (per
     # process), todos held at once, todos created per minute, and the highest max_attempts it
     # may give a todo.
     "AGENT_MAX_WAITS": 8,

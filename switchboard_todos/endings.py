@@ -1,15 +1,15 @@
 """Waiting for a todo to end: `Todo.objects.wait_for` and its async twin.
 
-A producer that enqueued work and wants its result blocks until the todo is done or failed:
+A producer that enqueued work and wants its result waits until the todo is done or failed:
 first it watches for the todo's end on the process's one LISTEN connection (listen.py), then
 marks the todo `awaited` (the `await_todo` statement). Every statement that ends a todo
-(complete, complete_many, fail, the reaper, cancel, and the settling of the todos that waited
-for a dead letter) sends `NOTIFY switchboard_todos_done, '<id>'` for the awaited todos among
+(complete, complete_many, fail, the reaper, cancel, and the settling of the todos blocked
+by a dead letter) sends `NOTIFY switchboard_todos_done, '<id>'` for the awaited todos among
 those it ended: the others cost it nothing but a test. The mark and the end take the todo's row
 lock in turn, so the end of a todo marked first is always notified, and a todo that ended first
 is seen ended by the mark. While it waits, the async twin holds no thread and no connection:
 its few statements run on the claim threads (waiting.py), outside any transaction of its
-caller; the blocking one keeps its thread's connection, as a blocking claim does. Without
+caller; the blocking one keeps its thread's connection, as a blocking long poll does. Without
 LISTEN, or while the listener reconnects, a wait reads the todo once a second.
 """
 
@@ -30,7 +30,7 @@ from switchboard_todos.sql import queries
 from switchboard_todos.transitions import State
 
 if TYPE_CHECKING:
-    from switchboard_todos.managers import TodoManager
+    from switchboard_todos.managers.machinery import Machinery
     from switchboard_todos.models import Todo
 
 #: The states a todo someone waits for ends in.
@@ -63,7 +63,7 @@ class _Future:
             self.future = self.loop.create_future()
 
 
-def wait(todos: TodoManager, todo_id: str, seconds: float) -> Todo:
+def wait(todos: Machinery, todo_id: str, seconds: float) -> Todo:
     """`wait_for` on this thread: the todo once it ended, or as it is after `seconds`."""
     listener = listen.shared_listener(todos._db_alias) if conf.LISTEN else None
     signal = _Signal()
@@ -83,7 +83,7 @@ def wait(todos: TodoManager, todo_id: str, seconds: float) -> Todo:
             listener.unwatch(todo_id, signal)
 
 
-async def await_(todos: TodoManager, todo_id: str, seconds: float) -> Todo:
+async def await_(todos: Machinery, todo_id: str, seconds: float) -> Todo:
     """`wait` for coroutines: suspended while it waits, holding no thread and no connection."""
     listener = listen.shared_listener(todos._db_alias) if conf.LISTEN else None
     ending = _Future()
@@ -110,19 +110,19 @@ async def await_(todos: TodoManager, todo_id: str, seconds: float) -> Todo:
             listener.unwatch(todo_id, ending)
 
 
-def _mark(todos: TodoManager, todo_id: str) -> bool:
+def _mark(todos: Machinery, todo_id: str) -> bool:
     """Run `await_todo`: whether the todo was still pending or claimed (and is now awaited)."""
     with todos._cursor() as cursor:
         cursor.execute(queries["await_todo"], {"todo_id": todo_id})
         return cursor.fetchone() is not None
 
 
-def _ended(todos: TodoManager, todo_id: str) -> bool:
+def _ended(todos: Machinery, todo_id: str) -> bool:
     state = todos.using(todos._db_alias).filter(pk=todo_id).values_list("state", flat=True).first()
     return state is None or state in ENDED
 
 
-def _read(todos: TodoManager, todo_id: str) -> Todo:
+def _read(todos: Machinery, todo_id: str) -> Todo:
     found = todos.using(todos._db_alias).filter(pk=todo_id).first()
     if found is None:
         raise TodoNotFound(todo_id)

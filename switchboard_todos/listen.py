@@ -1,12 +1,12 @@
 """Instant wake-up on new work: one LISTEN connection fanned out to the waiters of a process.
 
-The statements of `sql/todos.sql` that make todos claimable right now send
+The statements of `sql/` that make todos claimable right now send
 `NOTIFY switchboard_todos, '<queue>'`, delivered when their transaction commits. A `Listener`
 holds one dedicated connection that LISTENs on that channel and tells each subscriber which
 queue has new work: a worker's `Doorbell`, or the `Waiters` of the long polls (waiting.py),
 which hand the wake-up to one of them. It also LISTENs for the end of the todos someone waits
 for (`wait_for`, endings.py) and tells their `Ending`s. Waiters also poll: a todo whose retry
-time arrives or whose lease lapses sends no notification, nor does anything committed while
+time arrives or whose lease expires sends no notification, nor does anything committed while
 the listener was reconnecting. Without LISTEN (PgBouncer in transaction mode cannot deliver
 notifications) everything still works, at polling latency.
 """
@@ -28,13 +28,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The NOTIFY channel of `sql/todos.sql`; the payload is the queue name.
+#: The NOTIFY channel of the statements in `sql/`; the payload is the queue name.
 CHANNEL = "switchboard_todos"
 #: The channel of the todos someone waits for (wait_for, endings.py); the payload is the id.
 ENDED_CHANNEL = "switchboard_todos_done"
 #: Polling without LISTEN starts this fast after work was seen, then doubles up to the cap.
 POLL_MIN = 0.05
-#: The cap of a blocking claim's polling: how late it sees a retry come due or a lease lapse.
+#: The cap of a long poll's polling: how late it sees a retry come due or a lease expire.
 POLL_MAX = 1.0
 #: How long `subscribe` waits for the listening connection before falling back to polling.
 CONNECT_TIMEOUT = 5.0
@@ -111,7 +111,7 @@ class PollSchedule:
     """How long to wait between claims that found nothing.
 
     While `listeners` listen (one per database), notifications bring new work at once and
-    polling only finds retries coming due and lapsed leases: every `maximum` seconds. Without
+    polling only finds retries coming due and expired leases: every `maximum` seconds. Without
     them, polling is the only way, so it starts at POLL_MIN and doubles up to `maximum`.
     """
 

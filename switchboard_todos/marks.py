@@ -13,16 +13,16 @@ those above its highest marked priority first and those below its lowest last, c
 in priority order and stop once the claim has its limit. Measured in docs/operating.md,
 section 9.
 
-The claim's scan for lapsed leases (idx_todos_lease) meets the same dead entries, one per
+The claim's scan for expired leases (idx_todos_lease) meets the same dead entries, one per
 claim and heartbeat, at the head of that index: it runs only in full scans, and the reaper
-takes lapsed leases back meanwhile.
+takes expired leases back meanwhile.
 
 A ready todo can sit behind the mark: one requeued or created with an old `created_at`, one
 whose concurrency key was held, a lower-priority one passed over while higher ones were
 claimed, or one at a priority between two marked ones that this process has not claimed at
 yet (a released todo is not: release makes it due now, found by the scan of due todos).
 So every FULL_SCAN_EVERY seconds, a claim of this process scans every queue from the head of
-its index, and lapsed leases too: a todo behind the mark waits at most that long (less with
+its index, and expired leases too: a todo behind the mark waits at most that long (less with
 several worker processes), never starves. The interval keeps full scans to about one claim
 in a hundred for a busy worker, so they do not make the claim's p99. The marks live in this
 process's memory, per database, queue and priority, shared by its threads: a restarted
@@ -62,7 +62,7 @@ class ClaimMarks(NamedTuple):
     Per queue: `marks` (where the scans of priorities it has no mark for start), `tops` and
     `bottoms` (those priorities: above the one and below the other). Per (queue, priority) the
     process has claimed from, highest priority first: `group_queues`, `group_priorities`,
-    `group_marks`. `full_scan`: every queue from the head, and lapsed leases.
+    `group_marks`. `full_scan`: every queue from the head, and expired leases.
     """
 
     marks: list[datetime]

@@ -36,10 +36,10 @@ WINDOW = timedelta(minutes=5)
 #: switchboard_todos_todos{state=...}: the label, the QueueHealth field, and what it counts.
 STATES = [
     ("ready", "ready", "pending and claimable now"),
-    ("scheduled", "scheduled", "pending, waiting for a retry or a run_after"),
-    ("blocked", "blocked", "pending, waiting for other todos to be done"),
+    ("scheduled", "scheduled", "pending, in backoff or before its run_after"),
+    ("blocked", "blocked", "pending, blocked by other todos until they are done"),
     ("claimed", "claimed", "claimed, lease valid"),
-    ("lease_expired", "lease_expired", "claimed, lease lapsed, not yet taken back"),
+    ("lease_expired", "lease_expired", "claimed, lease expired, not yet taken back"),
     ("dead", "dead", "failed: dead letters"),
 ]
 

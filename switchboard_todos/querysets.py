@@ -2,10 +2,10 @@
 
 Any filter picks the candidates (agents specialised by payload, by kind, by event); what makes
 a todo claimable is always added here and cannot be filtered away: pending and due (or holding
-a lapsed lease with attempts left), assigned to nobody or to the owner, its concurrency key not
+an expired lease with attempts left), assigned to nobody or to the owner, its concurrency key not
 held. The candidates are a `select_for_update(skip_locked=True)` query, highest priority and
 longest claimable first, run as the subquery of the guarded claim (`claim_filtered` in
-sql/todos.sql): one statement, one round trip.
+sql/claiming.sql): one statement, one round trip.
 
 What it costs depends on the filter: the candidate scan uses whatever index serves the whole
 WHERE clause, and a filter no index serves (a payload key, say) reads the claimable todos in

@@ -233,15 +233,16 @@ class QueueView:
 
     @property
     def depth(self) -> int:
-        """Pending todos: claimable now, waiting for a retry or their run_after, and waiting for
-        other todos."""
+        """Pending todos: claimable now, in backoff or before their run_after, and blocked by other
+        todos."""
         health = self.health
         return 0 if health is None else health.ready + health.scheduled + health.blocked
 
     @property
     def todos_text(self) -> str:
         """Its todos in a line: "12 pending (10 ready, 2 waiting), 2 claimed, …" (and "N
-        blocked" among the pending when some wait for other todos)."""
+        blocked" among the pending when some are blocked by other todos; "waiting" counts those
+        in backoff or before their run_after)."""
         health = self.health
         if health is None:
             return "none"

@@ -4,7 +4,7 @@ and in which databases (placement.py): a named queue in the one it lives in, `*`
 The claim scans one index range per queue, so "every queue" is a list of names too: the queues
 that hold pending todos, read with a loose index scan (one descent per queue, however large the
 backlog) at start and every REFRESH_EVERY seconds, and a queue named by a notification joins it
-at once. A queue whose only todos are claimed ones with lapsed leases joins once the reaper has
+at once. A queue whose only todos are claimed ones with expired leases joins once the reaper has
 made them pending again.
 """
 
@@ -24,8 +24,9 @@ EVERY = "*"
 #: Seconds between reads of the queues that hold pending todos, for `*`.
 REFRESH_EVERY = 10.0
 
-#: The queues that hold pending todos, ready or waiting for a retry: one descent of
-#: idx_todos_pending and of idx_todos_scheduled per queue (a loose index scan).
+#: The queues that hold pending todos, ready or scheduled (in backoff, before their run_after,
+#: or blocked): one descent of idx_todos_pending and of idx_todos_scheduled per queue (a loose
+#: index scan).
 PENDING_QUEUES = """
 WITH RECURSIVE ready (queue) AS (
     (SELECT queue FROM todos
@@ -37,19 +38,19 @@ WITH RECURSIVE ready (queue) AS (
              ORDER BY queue LIMIT 1)
       FROM ready WHERE ready.queue IS NOT NULL
 ),
-waiting (queue) AS (
+scheduled (queue) AS (
     (SELECT queue FROM todos
       WHERE state = 'pending' AND next_retry_at IS NOT NULL
       ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT queue FROM todos
-             WHERE state = 'pending' AND next_retry_at IS NOT NULL AND queue > waiting.queue
+             WHERE state = 'pending' AND next_retry_at IS NOT NULL AND queue > scheduled.queue
              ORDER BY queue LIMIT 1)
-      FROM waiting WHERE waiting.queue IS NOT NULL
+      FROM scheduled WHERE scheduled.queue IS NOT NULL
 )
 SELECT queue FROM ready WHERE queue IS NOT NULL
 UNION
-SELECT queue FROM waiting WHERE queue IS NOT NULL
+SELECT queue FROM scheduled WHERE queue IS NOT NULL
 ORDER BY queue
 """
 

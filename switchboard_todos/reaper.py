@@ -1,6 +1,6 @@
 """The reaper loop behind `manage.py reap_todos` and `todo_scheduler`: sweep, sleep, repeat.
 
-A sweep of each database that holds todos (placement.py) takes back lapsed leases with
+A sweep of each database that holds todos (placement.py) takes back expired leases with
 `reap_expired()`, one statement that skips rows another session holds, so any number of
 reapers can run at once; deletes the old done and failed todos of each queue with a retention
 (`retention.purge_retained`, in bounded batches that likewise skip held rows); analyzes the

@@ -89,7 +89,7 @@ def purge_retained(
     The queues take a batch each in turn, so a large backlog in one does not hold the others
     back; after `time_limit` seconds no new round starts and the result says `unfinished`.
     `marks` (queue -> the newest completed_at deleted), kept by the caller from one purge to
-    the next, lets each start where the last stopped (sql/todos.sql, purge_retained).
+    the next, lets each start where the last stopped (sql/retention.sql, purge_retained).
     """
     size = conf.REAP_BATCH if batch_size is None else batch_size
     marks = {} if marks is None else marks

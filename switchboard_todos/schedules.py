@@ -16,7 +16,7 @@ The scheduler (`reap_todos --loop`, or `todo_scheduler`) writes the declarations
 `todo_schedules` table and, at each pass, enqueues the todos of the ticks that fell due. Each
 schedule's row holds the tick it awaits, `next_run_at`; the statement that enqueues a tick's
 todo advances it with a compare-and-set in the same statement (`tick_schedule` in
-sql/todos.sql), so however many schedulers run, each tick yields exactly one todo, and a done
+sql/creating.sql), so however many schedulers run, each tick yields exactly one todo, and a done
 todo (whose idempotency key is free again) cannot make its tick run twice.
 
 After downtime, or a pause, only the latest missed tick is enqueued; a schedule declared with
@@ -297,7 +297,7 @@ SELECT name, next_run_at
 #: Write the declarations: a new schedule awaits its first tick after now; a changed cron or
 #: time zone starts again from now; `paused` belongs to the operators and is never written. A
 #: schedule declared without max_attempts gets its queue's default, as create_todo's todos do
-#: (todos.sql, max_attempts_of), read at each pass, so a changed default reaches its next tick.
+#: (creating.sql, max_attempts_of), read at each pass, so a changed default reaches its next tick.
 DECLARE = """
 INSERT INTO todo_schedules AS schedule
        (name, cron, timezone, queue, kind, title, payload, priority, max_attempts,

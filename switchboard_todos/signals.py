@@ -36,8 +36,11 @@ todo_dead_lettered = Signal(use_caching=True)
 """Todos that became dead letters: at the attempt cap (`fail`, the reaper) or by `cancel`."""
 todo_requeued = Signal(use_caching=True)
 """Dead letters an operator sent back to pending (`requeue`, `requeue_many`)."""
-todo_lease_lapsed = Signal(use_caching=True)
-"""Todos whose lease lapsed: taken back by the reaper, or claimed again by a claim scan."""
+todo_lease_expired = Signal(use_caching=True)
+"""Todos whose lease expired: taken back by the reaper, or claimed again by a claim scan."""
+todo_lease_lapsed = todo_lease_expired
+"""The earlier name of `todo_lease_expired`, the same signal, kept so that receivers connected
+through it still hear every expired lease."""
 
 LIFECYCLE = (
     todo_created,
@@ -46,7 +49,7 @@ LIFECYCLE = (
     todo_failed,
     todo_dead_lettered,
     todo_requeued,
-    todo_lease_lapsed,
+    todo_lease_expired,
 )
 
 Pick = Callable[["Todo", Any], bool]
@@ -64,8 +67,8 @@ def _dead_letter(todo: Todo, extra: Any) -> bool:
     return todo.state == "failed"
 
 
-def _took_over_a_lapsed_lease(todo: Todo, extra: Any) -> bool:
-    """A claim that took a lapsed lease over records the lapse at the claim's own time.
+def _took_over_an_expired_lease(todo: Todo, extra: Any) -> bool:
+    """A claim that took an expired lease over records the expiry at the claim's own time.
 
     (A todo the reaper took back earlier in the same transaction as its claim, whose now() is
     the same, would be told twice: transactions do not reap and claim together in practice.)
@@ -87,13 +90,13 @@ SENT_BY: dict[str, tuple[tuple[Signal, Pick], ...]] = {
     "create_many": ((todo_created, _created),),
     "create_graph": ((todo_created, _created),),
     "tick_schedule": ((todo_created, _every),),
-    "claim_next": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),
-    "claim": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),
-    "claim_filtered": ((todo_claimed, _every), (todo_lease_lapsed, _took_over_a_lapsed_lease)),
+    "claim_next": ((todo_claimed, _every), (todo_lease_expired, _took_over_an_expired_lease)),
+    "claim": ((todo_claimed, _every), (todo_lease_expired, _took_over_an_expired_lease)),
+    "claim_filtered": ((todo_claimed, _every), (todo_lease_expired, _took_over_an_expired_lease)),
     "complete": ((todo_completed, _every),),
     "complete_many": ((todo_completed, _every),),
     "fail": ((todo_failed, _every), (todo_dead_lettered, _dead_letter)),
-    "reap_expired": ((todo_lease_lapsed, _every), (todo_dead_lettered, _dead_letter)),
+    "reap_expired": ((todo_lease_expired, _every), (todo_dead_lettered, _dead_letter)),
     "requeue": ((todo_requeued, _every),),
     "cancel": ((todo_dead_lettered, _every),),
 }

@@ -43,7 +43,7 @@ SELECT DISTINCT kind
 """
 
 # One row per queue. Each CTE reads one partial index: idx_todos_pending (ready),
-# idx_todos_scheduled (retries, and todos blocked waiting for others at its end, at
+# idx_todos_scheduled (retries in backoff, and blocked todos at its end, at
 # %(blocked)s), idx_todos_lease (claimed), idx_todos_dead (dead letters, the
 # queue included): their cost follows the work in flight, not the done todos. "finished" reads a
 # range of idx_todos_finished, so its cost follows the todos finished within `recent`. The
@@ -122,11 +122,11 @@ class QueueHealth:
     ready: int
     """Pending and claimable now: new, or due for a retry."""
     scheduled: int
-    """Pending, waiting for `next_retry_at` (a retry backoff, a delayed release, run_after)."""
+    """Pending, not claimable before `next_retry_at`: in backoff, a delayed release, run_after."""
     claimed: int
     """Claimed, lease still valid: being worked on."""
     lease_expired: int
-    """Claimed, lease lapsed: not yet taken back by the reaper or another claim."""
+    """Claimed, lease expired: not yet taken back by the reaper or another claim."""
     done_recently: int
     """Completed within `recent` (the last 24 hours unless asked otherwise)."""
     dead: int
@@ -136,7 +136,7 @@ class QueueHealth:
     dead_lettered_recently: int
     """Failed for good (last attempt, or cancelled) within `recent`."""
     blocked: int
-    """Pending, waiting for other todos to be done (docs/dependencies.md)."""
+    """Pending, blocked by other todos until they are done (docs/dependencies.md)."""
 
     @property
     def oldest_ready(self) -> str:

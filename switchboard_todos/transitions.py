@@ -4,8 +4,9 @@ A row says which states the transition's guard accepts, what else in the guard c
 the way and how to say so, and, for an operator repair, its permission and how the admin offers
 it. The manager explains every miss from these rows (TodoConflict, and a batch's reasons), the
 admin offers and gates its repairs with them, and the health page lists them. The guard itself
-is the SQL block of the same name in `sql/todos.sql`; `tests/test_transition_table.py` holds
-each row against it. Adding a transition: one SQL block, one row here, one manager method.
+is the SQL block of the same name in its family's file of `sql/`;
+`tests/test_transition_table.py` holds each row against it. Adding a transition: one SQL block,
+one row here, one manager method.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from switchboard_todos.exceptions import TodoCancelled, TodoConflict
 
 DEFAULT_MAX_ATTEMPTS = 5
 """Attempts a todo gets unless it is created with its own `max_attempts` or its queue has a
-default (Queue.max_attempts): its last failure, or its last lease lapsing, makes it a dead
+default (Queue.max_attempts): its last failure, or its last lease expiring, makes it a dead
 letter."""
 
 
@@ -34,7 +35,7 @@ class State(models.TextChoices):
 
     CLAIMED = "claimed", _("Claimed")
     """Held by `owner` until `lease_expires_at`. Left by complete, fail, release, or the lease
-    lapsing (the reaper or the next claim scan)."""
+    expiring (the reaper or the next claim scan)."""
 
     DONE = "done", _("Done")
     """Completed by its owner; `result` holds what it returned. Final: left only by purging."""

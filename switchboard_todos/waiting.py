@@ -1,7 +1,7 @@
 """Long polls that hold nothing while they wait: the hand-out of wake-ups, and the claim threads.
 
 A long poll (`claim_batch(..., wait=)`, its async twin, and through them every remote surface's
-claim with a wait) joins its database's `Waiters` for as long as it lasts. While it waits it
+long poll) joins its database's `Waiters` for as long as it lasts. While it waits it
 holds no connection and, when async, no thread. The process's one LISTEN connection
 (listen.py) hands each notification to one waiter, not to all: a notification says only that
 a queue has new work, and the todos one statement makes claimable in a queue send one
@@ -18,7 +18,7 @@ notification between them, so the wake-ups go out one at a time:
 
 So N idle long polls of a queue cost about one claim per new todo (and one more per owner
 waiting there when nobody claims it), not N. Waiters also poll, as a retry coming due or a
-lapsed lease sends no notification: at most once per `listen.POLL_MAX` while listening, and of
+expired lease sends no notification: at most once per `listen.POLL_MAX` while listening, and of
 the waiters of one owner and one set of queues only one polls, since their claims would all
 find the same.
 

@@ -107,7 +107,7 @@ class SetPriorityForm(forms.Form):
         initial=0,
         help_text=_(
             "From -100 to 100; higher is claimed sooner, 0 is the default. Within one priority, "
-            "the todo waiting longest goes first."
+            "the todo claimable longest goes first."
         ),
     )
 

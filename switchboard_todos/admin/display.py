@@ -69,7 +69,7 @@ def _link(model: str, pk: str | None) -> SafeString | str:
 
 
 def failure_table(errors: Any, dropped: int = 0) -> SafeString | str:
-    """A todo's failure history as a table, one row per failed or lapsed attempt; `dropped`
+    """A todo's failure history as a table, one row per failed or expired attempt; `dropped`
     earlier ones were not kept (SWITCHBOARD_TODOS_MAX_ERRORS_KEPT), which its caption says."""
     entries = [entry for entry in errors or [] if isinstance(entry, dict)]
     if not entries:

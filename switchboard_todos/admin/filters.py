@@ -32,7 +32,7 @@ class AttentionFilter(admin.SimpleListFilter):
             _("Waiting for retry"),
             Q(state=State.PENDING, next_retry_at__gt=Now(), next_retry_at__lt=BLOCKED_UNTIL),
         ),
-        # Waiting in idx_todos_scheduled, at its end: no other pending todo is due so late.
+        # Blocked todos sit at the end of idx_todos_scheduled: no other pending todo is due so late.
         "blocked": (
             _("Blocked: waiting for other todos"),
             Q(state=State.PENDING, next_retry_at=BLOCKED_UNTIL),

@@ -60,7 +60,7 @@ class Relative:
 
     @property
     def status(self) -> str:
-        """Its state, "blocked" for a pending todo that waits for others."""
+        """Its state, "blocked" for a pending todo blocked by others."""
         return "blocked" if self.state == State.PENDING and self.waiting_for > 0 else self.state
 
     @property

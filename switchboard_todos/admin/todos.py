@@ -137,8 +137,8 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
             {
                 "description": _(
                     "Pending until a worker claims it; a claim holds a lease until "
-                    "“lease expires”, renewed by heartbeats. A lapsed lease is taken back by "
-                    "the reaper or the next claim. A failed attempt waits until “next retry”; "
+                    "“lease expires”, renewed by heartbeats. An expired lease is taken back by "
+                    "the reaper or the next claim. A failed attempt backs off until “next retry”; "
                     "after the last attempt the todo is failed: a dead letter."
                 ),
                 "fields": [
@@ -168,8 +168,8 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
             _("Failure history"),
             {
                 "description": _(
-                    "One row per failed or lapsed attempt, oldest first, as recorded by fail, "
-                    "the reaper, a claim that took over a lapsed lease, or an operator's cancel."
+                    "One row per failed or expired attempt, oldest first, as recorded by fail, "
+                    "the reaper, a claim that took over an expired lease, or an operator's cancel."
                 ),
                 "fields": ["failure_history"],
             },
@@ -203,9 +203,9 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
     # Queries
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Todo]:
-        lapsed = ExpressionWrapper(Q(lease_expires_at__lte=Now()), output_field=BooleanField())
+        expired = ExpressionWrapper(Q(lease_expires_at__lte=Now()), output_field=BooleanField())
         queryset = AdminTodoQuerySet(Todo, using=databases.chosen(request))
-        queryset = queryset.annotate(lease_lapsed=lapsed)
+        queryset = queryset.annotate(lease_expired=expired)
         return queryset.order_by(*self.get_ordering(request))
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -245,7 +245,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
     @admin.display(description=_("lease expires / next retry"))
     def lease_or_retry(self, todo: Todo) -> SafeString | str:
         if todo.state == State.CLAIMED and todo.lease_expires_at is not None:
-            if getattr(todo, "lease_lapsed", False):
+            if getattr(todo, "lease_expired", False):
                 return format_html(
                     "<strong>{}</strong> {}",
                     _("expired"),
@@ -289,7 +289,8 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
 
     @admin.display(description=_("next retry"))
     def next_retry(self, todo: Todo) -> str:
-        """When a pending todo is claimable again; a blocked one waits for todos, not a time."""
+        """When a pending todo is claimable again; a blocked one is claimable once its parents are
+        done, not at a time."""
         if todo.blocked:
             return _blocked(todo)
         if todo.next_retry_at is None:

@@ -26,7 +26,7 @@ their queues; they also poll, as some todos become claimable without a notificat
 Faults of the database (a terminated backend, a restarting or frozen server, a failover that
 leaves it read-only: `faults`) close that thread's connection, and the worker backs off until
 the database is back, logging one line when the fault begins and one when it ends. A claim
-whose answer was lost lapses after the TTL and is claimed again, an acknowledgement is
+whose answer was lost expires after the TTL and is claimed again, an acknowledgement is
 retried: no todo is lost, though one may run twice.
 """
 

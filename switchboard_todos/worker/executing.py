@@ -48,7 +48,7 @@ class Executor:
         # In `running` before the stop check: an abort releases it, or the check sees the stop.
         hand.running[todo.id] = held
         if hand.stopping.is_set() or time.monotonic() - held.leased_at > hand.ttl / 2:
-            # Stopping, or waited so long in the batch that its lease could lapse mid-run.
+            # Stopping, or waited so long in the batch that its lease could expire mid-run.
             hand.running.pop(todo.id, None)
             self.release(held)
             return
@@ -142,7 +142,7 @@ class Executor:
                 )
             )
         except faults.DatabaseUnavailable:
-            # Keep them for the next flush; their leases lapse if the database stays away.
+            # Keep them for the next flush; their leases expire if the database stays away.
             runner.acks = {**acks, **runner.acks}
             return
         except Exception:
@@ -216,12 +216,12 @@ class Executor:
             self._lost(held, seconds)
             return
         except Exception as refusal:
-            # Not even the fixed-shape detail was stored: the lease lapses and the todo runs
+            # Not even the fixed-shape detail was stored: the lease expires and the todo runs
             # again, its attempt counted, so that it dead-letters at its cap all the same.
             log(
                 todo,
                 f"failed, not stored ({type(refusal).__name__}): it runs again when its "
-                "lease lapses",
+                "lease expires",
                 seconds,
                 error=error,
                 level=logging.WARNING,
@@ -306,7 +306,7 @@ class Executor:
                 database=alias,
             )
         except (TodoConflict, TodoNotFound, faults.DatabaseUnavailable):
-            return  # done or lost meanwhile, or the lease lapses by itself
+            return  # done or lost meanwhile, or the lease expires by itself
         with self.hand.lock:
             self.hand.stats.released += 1
         log(held.todo, "released", 0.0)

@@ -144,7 +144,7 @@ class Worker:
         if crashed:
             raise WorkerCrashed(
                 f"worker {self.owner}: {', '.join(crashed)} crashed (the traceback is "
-                "logged above); the todos it held were released or lapse with their leases."
+                "logged above); the todos it held were released or expire with their leases."
             )
         return self.stats
 

@@ -16,7 +16,7 @@ class Command(BaseCommand):
     help = (
         "Start several workers and a reaper with a short lease, enqueue a few slow todos, "
         "kill one worker with SIGKILL while it runs one, and print the timeline as its lease "
-        "lapses and another worker completes the todo; end with a summary. Leaves nothing "
+        "expires and another worker completes the todo; end with a summary. Leaves nothing "
         "running. Exits with status 1 unless every todo was done."
     )
 

@@ -1,4 +1,4 @@
-"""`manage.py reap_todos`: requeue lapsed leases, once (a timer) or in a loop (a service)."""
+"""`manage.py reap_todos`: requeue expired leases, once (a timer) or in a loop (a service)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Command(BaseCommand):
     default_interval = DEFAULT_INTERVAL
     doing = "Reaping lapsed leases"
     help = (
-        "Requeue every claimed todo whose lease has lapsed, or dead-letter it when it has no "
+        "Requeue every claimed todo whose lease has expired, or dead-letter it when it has no "
         "attempt left. Runs one sweep and exits (for a systemd timer or cron); with --loop it "
         "sweeps every --interval until SIGTERM or SIGINT, which stop it between sweeps with "
         "exit status 0. Any number of reapers may run at once: each skips the rows another "
@@ -46,7 +46,7 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help=(
                 f"With --loop: time between sweeps, in seconds or with a unit (30s, 5m); "
-                f"default {self.default_interval:g}. A lapsed lease or a tick waits at most "
+                f"default {self.default_interval:g}. An expired lease or a tick waits at most "
                 "this long."
             ),
         )

@@ -29,8 +29,8 @@ COLUMNS = [
 
 class Command(OperatorCommand):
     help = (
-        "Print each queue's health: todos ready to claim, waiting for a retry, blocked (waiting "
-        "for other todos), claimed (lease "
+        "Print each queue's health: todos ready to claim, waiting (in backoff or before their "
+        "run_after), blocked (by other todos), claimed (lease "
         "valid), claimed with an expired lease, done in the last 24 hours, dead letters, and the "
         "age of the oldest ready todo; then who holds back vacuum (the xmin horizon) and the "
         "todos table's dead rows, with warnings; for each database that holds todos. Cheap "
