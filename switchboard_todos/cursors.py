@@ -191,7 +191,7 @@ def _plan_generically(connection: Connection[Any]) -> None:
     looked cheaper than the generic one, and the claim's estimates grow with the table between
     two vacuums: the worker's claims were all planned anew, which cost the server 60 us of CPU
     per todo drained against 52 (docs/benchmarks.md). The manager's statements are written to
-    keep one plan whatever their parameters (sql/todos.sql, claim_next). The setting is the
+    keep one plan whatever their parameters (sql/claiming.sql, claim_next). The setting is the
     session's: it also holds for the other named prepared statements and PL/pgSQL plans of the
     connection (SWITCHBOARD_TODOS_GENERIC_PLANS = False leaves it alone). Set only outside a
     transaction, whose rollback would undo it; a connection in one is tried again at its next

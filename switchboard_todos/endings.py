@@ -1,14 +1,14 @@
 """Waiting for a todo to end: `Todo.objects.wait_for` and its async twin.
 
 A producer that enqueued work and wants its result waits until the todo is done or failed:
-first it watches for the todo's end on the process's one LISTEN connection (listen.py), then
+first it watches for the todo's end on the process's one LISTEN connection (claims/listen.py), then
 marks the todo `awaited` (the `await_todo` statement). Every statement that ends a todo
 (complete, complete_many, fail, the reaper, cancel, and the settling of the todos blocked
 by a dead letter) sends `NOTIFY switchboard_todos_done, '<id>'` for the awaited todos among
 those it ended: the others cost it nothing but a test. The mark and the end take the todo's row
 lock in turn, so the end of a todo marked first is always notified, and a todo that ended first
 is seen ended by the mark. While it waits, the async twin holds no thread and no connection:
-its few statements run on the claim threads (waiting.py), outside any transaction of its
+its few statements run on the claim threads (long_polls.py), outside any transaction of its
 caller; the blocking one keeps its thread's connection, as a blocking long poll does. Without
 LISTEN, or while the listener reconnects, a wait reads the todo once a second.
 """
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
 
-from switchboard_todos import listen, waiting
+from switchboard_todos.claims import listen, long_polls
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import TodoNotFound
 from switchboard_todos.sql import queries
@@ -87,7 +87,7 @@ async def await_(todos: Machinery, todo_id: str, seconds: float) -> Todo:
     """`wait` for coroutines: suspended while it waits, holding no thread and no connection."""
     listener = listen.shared_listener(todos._db_alias) if conf.LISTEN else None
     ending = _Future()
-    threads, turn = waiting.claim_threads(), f"wait_for:{todo_id}"
+    threads, turn = long_polls.claim_threads(), f"wait_for:{todo_id}"
     try:
         listening = listener is not None and await sync_to_async(
             listener.watch, thread_sensitive=False

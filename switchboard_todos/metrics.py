@@ -28,7 +28,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from switchboard_todos import placement, stats, vacuum
+from switchboard_todos import placement, stats
+from switchboard_todos.upkeep import vacuum
 
 #: The throughput window: todos finished within it are counted per queue at each scrape.
 WINDOW = timedelta(minutes=5)

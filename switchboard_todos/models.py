@@ -115,7 +115,7 @@ class Event(models.Model):
         return f"{self.source}:{self.kind} {self.id}"
 
 
-#: The `next_retry_at` of a todo waiting for others (the "blocked" fragment of sql/todos.sql):
+#: The `next_retry_at` of a todo waiting for others (the "blocked" fragment of sql/shared.sql):
 #: past every due time, at the end of idx_todos_scheduled, yet a date Python can read.
 BLOCKED_UNTIL = datetime(9999, 1, 1, tzinfo=UTC)
 
@@ -213,14 +213,14 @@ class Todo(models.Model):
                 name="todos_on_parent_failure_check",
             ),
             # One claimed todo per concurrency key: what settles two claims that both saw the
-            # key free (the claim passes over held keys itself, sql/todos.sql key_free).
+            # key free (the claim passes over held keys itself, sql/claiming.sql key_free).
             models.UniqueConstraint(
                 fields=["concurrency_key"],
                 condition=Q(concurrency_key__isnull=False, state=State.CLAIMED),
                 name="idx_todos_key_claimed",
             ),
             # One claimed todo per slot of a queue's concurrency limit: what settles two claims
-            # that both saw a slot free (sql/todos.sql, the "slot" CTE).
+            # that both saw a slot free (sql/claiming.sql, the "slot" CTE).
             models.UniqueConstraint(
                 fields=["queue", "slot"],
                 condition=Q(slot__isnull=False, state=State.CLAIMED),

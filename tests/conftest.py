@@ -21,7 +21,7 @@ from django.test import Client
 from psycopg import sql
 
 from devtools import database
-from switchboard_todos.marks import marks
+from switchboard_todos.claims.marks import marks
 from switchboard_todos.models import State, Todo
 
 T = TypeVar("T")

@@ -11,9 +11,9 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 from django.db.models.functions import Now
 
-from switchboard_todos import waiting
 from switchboard_todos.agents import accounts, errors, service, tokens
 from switchboard_todos.agents.serialize import TodoJSON, todo_json
+from switchboard_todos.claims import long_polls
 from switchboard_todos.exceptions import (
     InvalidTodo,
     NotAuthenticated,
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _stop_listeners() -> Iterator[None]:
     yield
-    waiting.stop()
+    long_polls.stop()
 
 
 @pytest.fixture

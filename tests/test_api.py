@@ -14,8 +14,8 @@ import pytest
 from django.db import OperationalError, ProgrammingError, connection
 from django.test import Client
 
-from switchboard_todos import waiting
 from switchboard_todos.agents import accounts
+from switchboard_todos.claims import long_polls
 from switchboard_todos.models import Agent, State, Todo
 
 pytestmark = pytest.mark.django_db
@@ -26,7 +26,7 @@ API = "/api"
 @pytest.fixture(autouse=True)
 def _stop_listeners() -> Iterator[None]:
     yield
-    waiting.stop()
+    long_polls.stop()
 
 
 class AgentClient:

@@ -17,9 +17,9 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from switchboard_todos import waiting
 from switchboard_todos.agents import accounts
 from switchboard_todos.api import asgi
+from switchboard_todos.claims import long_polls
 from switchboard_todos.models import Agent, State, Todo
 from tests.asgi import django_application
 
@@ -85,7 +85,7 @@ def fast() -> Iterator[asgi.AgentsAPIFirst]:
     app = asgi.AgentsAPIFirst(django_application, threads=2)
     yield app
     app.close()
-    waiting.stop()  # the long polls' listener and claim threads, before the database goes
+    long_polls.stop()  # the long polls' listener and claim threads, before the database goes
 
 
 @pytest.fixture

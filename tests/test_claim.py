@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db.models.signals import post_init
 
-from switchboard_todos.marks import marks
+from switchboard_todos.claims.marks import marks
 from switchboard_todos.models import Queue, State, Todo
 from tests.helpers import MakeTodo
 

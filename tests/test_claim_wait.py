@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connection, connections
 from django.test.utils import CaptureQueriesContext, override_settings
 
-from switchboard_todos import listen, waiting
+from switchboard_todos.claims import listen, long_polls
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.managers import run_now
 from switchboard_todos.models import Todo
@@ -24,7 +24,7 @@ from tests.helpers import wait_until
 @pytest.fixture(autouse=True)
 def _stop_listeners() -> Iterator[None]:
     yield
-    waiting.stop()
+    long_polls.stop()
 
 
 def enqueue_later(seconds: float, **fields: object) -> threading.Thread:

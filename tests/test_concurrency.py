@@ -16,8 +16,8 @@ import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from switchboard_todos.claims.marks import marks
 from switchboard_todos.exceptions import TodoConflict
-from switchboard_todos.marks import marks
 from switchboard_todos.models import State, Todo
 from tests.conftest import database_url, run_in_threads
 

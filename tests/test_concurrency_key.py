@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
+from switchboard_todos.claims.marks import marks
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict
-from switchboard_todos.marks import marks
 from switchboard_todos.models import State, Todo
 from tests.conftest import run_in_threads
 from tests.helpers import MakeTodo

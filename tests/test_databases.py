@@ -28,16 +28,17 @@ from django.db.models.functions import Now
 from django.test import Client, override_settings
 from psycopg import sql
 
-from switchboard_todos import listen, placement, queue_settings, schedules, stats, waiting
+from switchboard_todos import placement, queue_settings, schedules, stats
 from switchboard_todos.agents import accounts, service
 from switchboard_todos.agents.serialize import todo_json
 from switchboard_todos.checks import check_schema
+from switchboard_todos.claims import listen, long_polls
 from switchboard_todos.compat import task_backends
 from switchboard_todos.exceptions import InvalidTodo, TodoNotFound
 from switchboard_todos.models import Event, Queue, Schedule, State, Todo
-from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
 from switchboard_todos.sqs.signing import secret_for
+from switchboard_todos.upkeep.reaper import Reaper
 from switchboard_todos.worker import Worker
 from tests import tasks, worker_handlers  # noqa: F401 (worker_handlers registers handlers)
 from tests.asgi import serve
@@ -71,7 +72,7 @@ def placed(settings: Any) -> Iterator[None]:
     would not know to empty."""
     settings.SWITCHBOARD_TODOS_QUEUE_DATABASES = PLACED
     yield
-    waiting.stop()  # the long polls' LISTEN connections and claim threads
+    long_polls.stop()  # the long polls' LISTEN connections and claim threads
     with connections["eu"].cursor() as cursor:
         cursor.execute("TRUNCATE todos, events, todo_schedules, todo_agents, todo_queues")
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from django.db import connection
 
-from switchboard_todos.listen import Doorbell, Listener
+from switchboard_todos.claims.listen import Doorbell, Listener
 from switchboard_todos.models import Todo
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from switchboard_todos import listen, waiting
+from switchboard_todos.claims import listen, long_polls
 from switchboard_todos.managers import TodoManager
 from switchboard_todos.models import Todo
 from tests.helpers import wait_until
@@ -26,7 +26,7 @@ WAIT = 10.0
 @pytest.fixture(autouse=True)
 def _stop_waiting() -> Iterator[None]:
     yield
-    waiting.stop()
+    long_polls.stop()
 
 
 class Claims:

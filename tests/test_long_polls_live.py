@@ -22,8 +22,8 @@ from botocore.exceptions import ClientError
 from django.db import connection, connections
 
 from example_project.mcp_agent import connect
-from switchboard_todos import waiting
 from switchboard_todos.agents import accounts
+from switchboard_todos.claims import long_polls
 from switchboard_todos.models import Agent, Todo
 from switchboard_todos.sqs.signing import secret_for
 from tests.asgi import serve
@@ -40,7 +40,7 @@ PER_SURFACE = 20
 #: What "a handful" of connections is: the LISTEN connection, the claim threads, and the
 #: threads of AgentsAPIFirst and of SQSAnywhere (4 each, the example's), each holding at most
 #: one: a number set by the server, not by the polls.
-HANDFUL = 1 + waiting.CLAIM_THREADS + 4 + 4
+HANDFUL = 1 + long_polls.CLAIM_THREADS + 4 + 4
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from switchboard_todos.marks import (
+from switchboard_todos.claims.marks import (
     BELOW_ALL,
     FROM_HEAD,
     FULL_SCAN_EVERY,

@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from switchboard_todos.listen import CHANNEL
+from switchboard_todos.claims.listen import CHANNEL
 from switchboard_todos.models import State, Todo
 from tests.conftest import database_url
 

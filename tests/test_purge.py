@@ -13,9 +13,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.db.models.functions import Now
 
-from switchboard_todos import retention
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import queries
+from switchboard_todos.upkeep import retention
 from tests.helpers import MakeTodo
 
 OLD = timedelta(days=31)

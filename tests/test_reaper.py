@@ -20,10 +20,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from switchboard_todos import vacuum
 from switchboard_todos.models import State, Todo
-from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
+from switchboard_todos.upkeep import vacuum
+from switchboard_todos.upkeep.reaper import Reaper
 from tests.conftest import alter_test_database, run_in_threads
 from tests.helpers import MakeTodo, read_until
 

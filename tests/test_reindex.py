@@ -9,7 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from switchboard_todos.reindex import index_bloat, reindex
+from switchboard_todos.upkeep.reindex import index_bloat, reindex
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

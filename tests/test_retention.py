@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from django.db.models.functions import Now
 
-from switchboard_todos import queue_settings, retention
+from switchboard_todos import queue_settings
 from switchboard_todos.models import State, Todo
-from switchboard_todos.reaper import Reaper
 from switchboard_todos.shutdown import Shutdown
+from switchboard_todos.upkeep import retention
+from switchboard_todos.upkeep.reaper import Reaper
 from tests.helpers import MakeTodo
 from tests.test_purge import explain, fill_for_plans
 

@@ -12,7 +12,7 @@ from django.db import connection
 
 import switchboard_todos
 from switchboard_todos import validation
-from switchboard_todos.marks import FROM_HEAD, MARK_SLACK, Marks
+from switchboard_todos.claims.marks import FROM_HEAD, MARK_SLACK, Marks
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import SOURCE, parse, queries, written
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS

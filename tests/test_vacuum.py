@@ -19,8 +19,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
-from switchboard_todos import vacuum
 from switchboard_todos.models import Todo
+from switchboard_todos.upkeep import vacuum
 from tests.conftest import database_url
 from tests.test_metrics import samples, scrape
 

@@ -9,9 +9,9 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import override_settings
 
-from switchboard_todos import waiting
 from switchboard_todos.agents import accounts, service
 from switchboard_todos.agents import long_poll_cap as cap
+from switchboard_todos.claims import long_polls
 from switchboard_todos.exceptions import Throttled
 from switchboard_todos.models import Agent, State, Todo
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _stop_waiting() -> Iterator[None]:
     yield
-    waiting.stop()
+    long_polls.stop()
 
 
 @pytest.fixture

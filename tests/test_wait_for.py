@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
-from switchboard_todos import listen, waiting
+from switchboard_todos.claims import listen, long_polls
 from switchboard_todos.exceptions import InvalidTodo, TodoNotFound
 from switchboard_todos.models import State, Todo
 from tests.helpers import MakeTodo
@@ -24,7 +24,7 @@ def no_connections_left() -> Iterator[None]:
     """The listener and the claim threads close their connections after each test, before the
     test database is dropped."""
     yield
-    waiting.stop()
+    long_polls.stop()
 
 
 #: How soon a woken wait must return: far below the 20 s it would otherwise wait, and the

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
-from switchboard_todos.waiting import ClaimThreads, Waiter, Waiters
+from switchboard_todos.claims.long_polls import ClaimThreads, Waiter, Waiters
 from tests.helpers import wait_until
 
 

@@ -14,12 +14,13 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
-from switchboard_todos import placement, stats, vacuum
+from switchboard_todos import placement, stats
 from switchboard_todos.admin import databases
 from switchboard_todos.admin.actions import may_repair
 from switchboard_todos.admin.base import TodoModelAdmin
 from switchboard_todos.admin.chart import HealthChart
 from switchboard_todos.transitions import REPAIRS, State
+from switchboard_todos.upkeep import vacuum
 
 
 class HealthPage(TodoModelAdmin):

@@ -73,8 +73,9 @@ def admitted(agent: Agent, seconds: float) -> Iterator[None]:
 @asynccontextmanager
 async def awaiting(agent: Agent, seconds: float) -> AsyncIterator[None]:
     """`admitted`, for a long poll of an async surface, which then gives back the connections
-    of its request's own thread: the poll's claims run on the claim threads (waiting.py), and
-    the connection that authenticated the request would otherwise be held through the wait.
+    of its request's own thread: the poll's claims run on the claim threads
+    (claims/long_polls.py), and the connection that authenticated the request would otherwise
+    be held through the wait.
 
     A request has a thread of its own under Django's ASGI handler and the MCP endpoint (a
     ThreadSensitiveContext each). Without one (AgentsAPIFirst's verbs, a plain event loop) the

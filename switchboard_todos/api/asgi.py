@@ -64,9 +64,9 @@ from switchboard_todos.api.schemas import (
     ReleaseIn,
     Request,
 )
+from switchboard_todos.claims.long_polls import finish_with_connections
 from switchboard_todos.exceptions import NotAuthenticated, TodoError
 from switchboard_todos.models import Agent, Todo
-from switchboard_todos.waiting import finish_with_connections
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -243,7 +243,8 @@ def _serialized(todos: list[Todo]) -> bytes:
 
 
 async def _wait_and_claim(agent: Agent, arguments: Request | HttpResponse) -> list[Todo]:
-    """The long poll: its claims run on the process's claim threads (waiting.py), not here."""
+    """The long poll: its claims run on the process's claim threads (claims/long_polls.py),
+    not here."""
     assert isinstance(arguments, ClaimIn)
     return await service.aclaim(
         agent,

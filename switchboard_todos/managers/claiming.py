@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, connections
 
-from switchboard_todos import cursors, faults, validation, waiting
+from switchboard_todos import cursors, faults, validation
+from switchboard_todos.claims import long_polls
+from switchboard_todos.claims.marks import marks
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.managers.machinery import (
@@ -21,7 +23,6 @@ from switchboard_todos.managers.machinery import (
     leased,
     run_now,
 )
-from switchboard_todos.marks import marks
 from switchboard_todos.querysets import TodoQuerySet
 from switchboard_todos.sql import queries
 from switchboard_todos.validation import Seconds
@@ -110,7 +111,7 @@ class Claiming(Machinery):
     ) -> list[Todo]:
         """`claim_batch` and its twin, one code: `io` claims and waits, each its way.
 
-        A claim with a wait is a long poll of the process's waiters (waiting.py): it joins
+        A claim with a wait is a long poll of the process's waiters (long_polls.py): it joins
         them before its first claim, so that a todo committed after that claim began is
         notified to it, then waits for a ring or its turn to poll.
         """
@@ -125,7 +126,7 @@ class Claiming(Machinery):
         seconds = params.pop("wait")
         if not seconds:
             return await io.claim(params)
-        poll = waiting.LongPoll(
+        poll = long_polls.LongPoll(
             placed._db_alias, params["owner"], params["queues"], seconds, listening=conf.LISTEN
         )
         await io.join(poll)
@@ -177,7 +178,7 @@ class Claiming(Machinery):
         return []
 
     def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
-        """Run the claim from the queues' low-water marks (marks.py) and move them.
+        """Run the claim from the queues' low-water marks (claims/marks.py) and move them.
 
         A claim that keeps losing races for concurrency keys claims nothing.
         """
@@ -259,7 +260,7 @@ _BLOCKING_OUTAGE = faults.Outage("blocking claims")
 
 class _Blocking:
     """How `claim_batch` claims and waits: on the calling thread, keeping its connection while
-    it waits (waiting.py says why). Its awaits never suspend."""
+    it waits (long_polls.py says why). Its awaits never suspend."""
 
     def __init__(self, manager: Claiming) -> None:
         self.manager = manager
@@ -272,10 +273,10 @@ class _Blocking:
     ) -> tuple[list[Todo], DatabaseError | None, float]:
         return self.manager._claim_through_faults(params)
 
-    async def join(self, poll: waiting.LongPoll) -> None:
+    async def join(self, poll: long_polls.LongPoll) -> None:
         poll.join()
 
-    async def wait(self, poll: waiting.LongPoll, seconds: float) -> bool:
+    async def wait(self, poll: long_polls.LongPoll, seconds: float) -> bool:
         return poll.wait(seconds)
 
 
@@ -290,11 +291,11 @@ class _Suspending(_Blocking):
     async def claim_through_faults(
         self, params: Mapping[str, Any]
     ) -> tuple[list[Todo], DatabaseError | None, float]:
-        claims = waiting.claim_threads()
+        claims = long_polls.claim_threads()
         return await claims.run(params["owner"], self.manager._claim_through_faults, params)
 
-    async def join(self, poll: waiting.LongPoll) -> None:
+    async def join(self, poll: long_polls.LongPoll) -> None:
         await poll.ajoin()
 
-    async def wait(self, poll: waiting.LongPoll, seconds: float) -> bool:
+    async def wait(self, poll: long_polls.LongPoll, seconds: float) -> bool:
         return await poll.await_ring(seconds)

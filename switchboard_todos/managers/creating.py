@@ -401,7 +401,7 @@ class _GraphNotCreated(Exception):
 def _batch_rows(
     batch: list[dict[str, Any]], ids: list[str], more: list[list[Any]] | None = None
 ) -> dict[str, Any]:
-    """The `rows` and `payloads` of create_many and create_graph (batch_rows in sql/todos.sql):
+    """The `rows` and `payloads` of create_many and create_graph (batch_rows in sql/creating.sql):
     each todo's column values, with `more` of its own after them; the payloads are JSON already.
     """
     rows = [

@@ -157,7 +157,7 @@ class Machinery(_TodoManagerBase["Todo"]):
         Go service does not promise to be the model's, so values are placed by name. `extra`
         names one more column to hand back beside each Todo. A create's rows of new todos (its
         `extra`, created, true) leave out what the creator gave (created_columns in
-        sql/todos.sql, CREATED_NULLS): `given` gives those values, validated, of the todo of an
+        sql/creating.sql, CREATED_NULLS): `given` gives those values, validated, of the todo of an
         id, and the columns' defaults fill in the rest (CREATED_FRESH).
         """
         alias = self._db_alias
@@ -215,7 +215,7 @@ class Machinery(_TodoManagerBase["Todo"]):
         """Run a transition of the lease's holder (`params["owner"]`) that finishes a todo.
 
         When its guard missed while the todo is still held, a child of the todo appeared while
-        the statement waited for its row (children_seen in sql/todos.sql): it runs again, and
+        the statement waited for its row (children_seen in sql/shared.sql): it runs again, and
         sees the child.
         """
         todo_id, owner = params["todo_id"], params["owner"]

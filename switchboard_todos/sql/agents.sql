@@ -1,4 +1,4 @@
--- The remote agents' statements (agents/service.py). Format and conventions: shared.sql.
+-- The remote agents' statements (agents/service/). Format and conventions: shared.sql.
 
 -- name: authenticate
 -- The agent holding a token (by its hash), active or not; marks it seen at most once a

@@ -7,7 +7,7 @@
 -- fragment: key_free(todo)
 -- `todo` (a row of todos) has no concurrency key, or no other claimed todo holds its key. The
 -- database settles two claims that both saw the key free: idx_todos_key_claimed lets only one
--- claimed todo hold a key, and the claim that loses runs again (managers.py).
+-- claimed todo hold a key, and the claim that loses runs again (managers/claiming.py).
 ($todo.concurrency_key IS NULL OR NOT EXISTS (
      SELECT FROM todos AS holder
       WHERE holder.concurrency_key = $todo.concurrency_key AND holder.state = 'claimed'
@@ -82,7 +82,7 @@ SELECT id, queue, priority, claimable_at, in_queue
 -- moves it), and goes round: the claims of a limited queue run one at a time (room), but each
 -- reads the claimed todos in the snapshot it began with, blind to the slots the claim it
 -- waited for took; from slot 1 on, it picked those again, hit idx_todos_slot, and ran again
--- (managers.py), as two claims racing for a concurrency key do. `step` counts from 0 round
+-- (managers/claiming.py), as two claims racing for a concurrency key do. `step` counts from 0 round
 -- the ring of slots, from where the queue's cursor was.
 SELECT $room.queue, free.step, free.slot, row_number() OVER (PARTITION BY $room.queue) AS nth
   FROM $room
@@ -182,7 +182,7 @@ SELECT * FROM (
 -- up to %(limit)s each; all candidates are then ranked by priority and claimable time. A todo
 -- whose concurrency key another claimed todo holds is passed over, and of candidates sharing a
 -- key only the first is taken, so one key is never claimed twice. The scan of a queue's ready
--- todos starts at low-water marks (marks.py): each priority this process has claimed from,
+-- todos starts at low-water marks (claims/marks.py): each priority this process has claimed from,
 -- %(group_priorities)s of %(group_queues)s, from its own mark, %(group_marks)s; the priorities
 -- above %(tops)s and below %(bottoms)s from the queue's mark, %(marks)s (year 1: from the head
 -- of the index); in priority order, and only as far as the limit needs. Expired leases are
@@ -198,9 +198,7 @@ SELECT * FROM (
 -- %(limit)s rows: the constant keeps the plan's estimated cost small however large the
 -- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
 -- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
-WITH room AS MATERIALIZED (
-    {{room((SELECT %(queues)s::text[])::text[])}}
-),
+WITH room AS MATERIALIZED ({{room((SELECT %(queues)s::text[])::text[])}}),
 ready AS MATERIALIZED (
     SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
            candidate.created_at AS claimable_at
@@ -263,15 +261,9 @@ expired AS MATERIALIZED (
     ) AS locked
     LIMIT (SELECT %(limit)s::int)
 ),
-first_per_key AS MATERIALIZED (
-    {{first_per_key(ready, due, expired)}}
-),
-picked AS MATERIALIZED (
-    {{picked(first_per_key, room)}}
-),
-free_slot AS MATERIALIZED (
-    {{free_slot(room, (SELECT %(limit)s::int))}}
-),
+first_per_key AS MATERIALIZED ({{first_per_key(ready, due, expired)}}),
+picked AS MATERIALIZED ({{picked(first_per_key, room)}}),
+free_slot AS MATERIALIZED ({{free_slot(room, (SELECT %(limit)s::int))}}),
 slot AS MATERIALIZED (
     SELECT picked.id, free_slot.step, free_slot.slot
       FROM picked
@@ -283,9 +275,7 @@ claimed AS (
      WHERE id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING todos.*
 ),
-counted AS (
-    {{counted(claimed, slot, room)}}
-)
+counted AS ({{counted(claimed, slot, room)}})
 SELECT claimed.*, picked.claimable_at
   FROM claimed JOIN picked ON picked.id = claimed.id
  ORDER BY picked.priority DESC, picked.claimable_at;
@@ -297,7 +287,7 @@ SELECT claimed.*, picked.claimable_at
 -- claimable, assignee and concurrency-key conditions; the update tests the first two again, so
 -- that no queryset can make it claim what is not claimable. All candidates are then ranked by
 -- priority and claimable time; of those sharing a key only the first is taken, and
--- idx_todos_key_claimed settles a race with another claim (managers.py).
+-- idx_todos_key_claimed settles a race with another claim (managers/claiming.py).
 WITH ready AS MATERIALIZED (
     {ready}
 ),
@@ -307,18 +297,10 @@ due AS MATERIALIZED (
 expired AS MATERIALIZED (
     {lapsed}
 ),
-room AS MATERIALIZED (
-    {{room(ARRAY(SELECT queue FROM ready UNION SELECT queue FROM due UNION SELECT queue FROM expired))}}
-),
-first_per_key AS MATERIALIZED (
-    {{first_per_key(ready, due, expired)}}
-),
-picked AS MATERIALIZED (
-    {{picked(first_per_key, room)}}
-),
-free_slot AS MATERIALIZED (
-    {{free_slot(room, (SELECT %(limit)s::int))}}
-),
+room AS MATERIALIZED ({{room(ARRAY(SELECT queue FROM ready UNION SELECT queue FROM due UNION SELECT queue FROM expired))}}),
+first_per_key AS MATERIALIZED ({{first_per_key(ready, due, expired)}}),
+picked AS MATERIALIZED ({{picked(first_per_key, room)}}),
+free_slot AS MATERIALIZED ({{free_slot(room, (SELECT %(limit)s::int))}}),
 slot AS MATERIALIZED (
     SELECT picked.id, free_slot.step, free_slot.slot
       FROM picked
@@ -333,26 +315,20 @@ claimed AS (
        AND (assignee IS NULL OR assignee = %(owner)s)
     RETURNING todos.*
 ),
-counted AS (
-    {{counted(claimed, slot, room)}}
-)
+counted AS ({{counted(claimed, slot, room)}})
 SELECT * FROM claimed;
 
 -- name: claim
 -- Claim one todo by id: pending and due, or claimed with an expired lease and attempts left,
 -- in a queue that is neither paused nor at a limit (the "room" CTE).
-WITH room AS MATERIALIZED (
-    {{room(ARRAY(SELECT queue FROM todos WHERE id = %(todo_id)s))}}
-),
+WITH room AS MATERIALIZED ({{room(ARRAY(SELECT queue FROM todos WHERE id = %(todo_id)s))}}),
 picked AS (
     SELECT id, queue, 1 AS in_queue
       FROM todos
      WHERE id = %(todo_id)s
        AND coalesce((SELECT room.room FROM room WHERE room.queue = todos.queue), 1) > 0
 ),
-free_slot AS MATERIALIZED (
-    {{free_slot(room, 1)}}
-),
+free_slot AS MATERIALIZED ({{free_slot(room, 1)}}),
 slot AS MATERIALIZED (
     SELECT picked.id, free_slot.step, free_slot.slot
       FROM picked
@@ -368,7 +344,5 @@ claimed AS (
        AND {{key_free(todos)}}
     RETURNING todos.*
 ),
-counted AS (
-    {{counted(claimed, slot, room)}}
-)
+counted AS ({{counted(claimed, slot, room)}})
 SELECT * FROM claimed;

@@ -136,9 +136,7 @@ notified AS (
 -- idx_todos_scheduled, where no claim's scan of due todos reaches). Once inserted, it is added
 -- to each parent's children. Nothing is written when a parent is missing or a dead letter: the
 -- manager says which. Without %(max_attempts)s, the queue's default (max_attempts_of).
-WITH parent AS MATERIALIZED (
-    {{parents_locked(%(parents)s::text[])}}
-),
+WITH parent AS MATERIALIZED ({{parents_locked(%(parents)s::text[])}}),
 waiting AS MATERIALIZED (
     SELECT {{waited(parent)}} AS count
       FROM parent
@@ -234,9 +232,7 @@ WITH batch AS (
            given.fields ->> 15 AS policy
       FROM {{batch_rows(given)}}
 ),
-parent AS MATERIALIZED (
-    {{parents_locked(%(existing)s::text[])}}
-),
+parent AS MATERIALIZED ({{parents_locked(%(existing)s::text[])}}),
 usable AS MATERIALIZED (
     SELECT {{usable(parent, %(existing)s::text[])}} AS ok
       FROM parent

@@ -60,22 +60,10 @@ UPDATE todos
    AND {{children_seen(todos)}}
 RETURNING *
 ),
-waiting AS MATERIALIZED (
-    {{locked_in_order(SELECT child_id FROM (SELECT unnest(children) AS child_id FROM completed) AS edge)}}
-),
-unblocked AS (
-    {{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge, waiting)}}
-),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue)
-      FROM (SELECT DISTINCT queue
-              FROM unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)
-           AS claimable
-),
-finished AS (
-    SELECT pg_notify('switchboard_todos_done', id)
-      FROM completed WHERE awaited
-)
+waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM (SELECT unnest(children) AS child_id FROM completed) AS edge)}}),
+unblocked AS ({{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge, waiting)}}),
+notified AS ({{notify_unblocked(unblocked)}}),
+finished AS ({{notify_ended(completed WHERE awaited)}})
 SELECT * FROM completed
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
@@ -109,22 +97,10 @@ UPDATE todos
  WHERE todos.id = mine.id AND {{children_seen(todos)}}
 RETURNING todos.id, todos.children, todos.awaited
 ),
-waiting AS MATERIALIZED (
-    {{locked_in_order(SELECT child_id FROM (SELECT unnest(children) AS child_id FROM completed) AS edge)}}
-),
-unblocked AS (
-    {{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge, waiting)}}
-),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue)
-      FROM (SELECT DISTINCT queue
-              FROM unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)
-           AS claimable
-),
-finished AS (
-    SELECT pg_notify('switchboard_todos_done', id)
-      FROM completed WHERE awaited
-)
+waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM (SELECT unnest(children) AS child_id FROM completed) AS edge)}}),
+unblocked AS ({{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge, waiting)}}),
+notified AS ({{notify_unblocked(unblocked)}}),
+finished AS ({{notify_ended(completed WHERE awaited)}})
 SELECT id, true AS done FROM completed
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0
 UNION ALL
@@ -158,24 +134,12 @@ UPDATE todos
    AND {{children_seen(todos)}}
 RETURNING *
 ),
-lost AS MATERIALIZED (
-    {{lost(failed WHERE state = 'failed')}}
-),
-spared AS MATERIALIZED (
-    {{spared(failed WHERE state = 'failed', lost)}}
-),
-held_below AS MATERIALIZED (
-    {{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}
-),
-cancelled_below AS (
-    {{cancelled_below(lost, held_below)}}
-),
-waiting AS MATERIALIZED (
-    {{locked_in_order(SELECT child_id FROM spared)}}
-),
-unblocked AS (
-    {{unblocked(spared, waiting)}}
-),
+lost AS MATERIALIZED ({{lost(failed WHERE state = 'failed')}}),
+spared AS MATERIALIZED ({{spared(failed WHERE state = 'failed', lost)}}),
+held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below)}}),
+waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
+unblocked AS ({{unblocked(spared, waiting)}}),
 notified AS (
     SELECT pg_notify('switchboard_todos', queue)
       FROM (SELECT queue FROM failed WHERE state = 'pending' AND next_retry_at <= now()

@@ -12,9 +12,7 @@ WITH expired AS (
     SELECT id
       FROM todos
      WHERE state = 'claimed' AND lease_expires_at <= now() AND {{children_seen(todos)}}
-     ORDER BY lease_expires_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+     {{oldest_batch(lease_expires_at)}}
 ),
 reaped AS (
     UPDATE todos
@@ -31,24 +29,12 @@ reaped AS (
      WHERE todos.id = expired.id
     RETURNING todos.id, todos.state, todos.queue, todos.children, todos.awaited
 ),
-lost AS MATERIALIZED (
-    {{lost(reaped WHERE state = 'failed')}}
-),
-spared AS MATERIALIZED (
-    {{spared(reaped WHERE state = 'failed', lost)}}
-),
-held_below AS MATERIALIZED (
-    {{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}
-),
-cancelled_below AS (
-    {{cancelled_below(lost, held_below)}}
-),
-waiting AS MATERIALIZED (
-    {{locked_in_order(SELECT child_id FROM spared)}}
-),
-unblocked AS (
-    {{unblocked(spared, waiting)}}
-),
+lost AS MATERIALIZED ({{lost(reaped WHERE state = 'failed')}}),
+spared AS MATERIALIZED ({{spared(reaped WHERE state = 'failed', lost)}}),
+held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below)}}),
+waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
+unblocked AS ({{unblocked(spared, waiting)}}),
 finished AS (
     SELECT pg_notify('switchboard_todos_done', id)
       FROM (SELECT id, awaited FROM reaped WHERE state = 'failed'
@@ -106,9 +92,7 @@ WITH wanted AS (
      WHERE id = ANY (%(ids)s::text[]) AND state = 'failed'
      ORDER BY queue, coalesce(idempotency_key, id), created_at DESC, id
 ),
-wanted_parent AS MATERIALIZED (
-    {{parents_shared(wanted)}}
-),
+wanted_parent AS MATERIALIZED ({{parents_shared(wanted)}}),
 requeued AS (
 UPDATE todos
    SET state = 'pending', attempt = 0, owner = NULL, lease_expires_at = NULL,
@@ -146,9 +130,7 @@ revived_set AS MATERIALIZED (
 revived_back AS MATERIALIZED (
     SELECT id FROM revived_set UNION SELECT id FROM requeued
 ),
-revived_parent AS MATERIALIZED (
-    {{parents_shared(revived_back)}}
-),
+revived_parent AS MATERIALIZED ({{parents_shared(revived_back)}}),
 revived AS (
 UPDATE todos
    SET state = 'pending', attempt = 0, owner = NULL, lease_expires_at = NULL, result = NULL,
@@ -203,30 +185,13 @@ UPDATE todos
    AND {{children_seen(todos)}}
 RETURNING *
 ),
-lost AS MATERIALIZED (
-    {{lost(dead)}}
-),
-spared AS MATERIALIZED (
-    {{spared(dead, lost)}}
-),
-held_below AS MATERIALIZED (
-    {{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}
-),
-cancelled_below AS (
-    {{cancelled_below(lost, held_below)}}
-),
-waiting AS MATERIALIZED (
-    {{locked_in_order(SELECT child_id FROM spared)}}
-),
-unblocked AS (
-    {{unblocked(spared, waiting)}}
-),
-notified AS (
-    SELECT pg_notify('switchboard_todos', queue)
-      FROM (SELECT DISTINCT queue
-              FROM unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)
-           AS claimable
-),
+lost AS MATERIALIZED ({{lost(dead)}}),
+spared AS MATERIALIZED ({{spared(dead, lost)}}),
+held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below)}}),
+waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
+unblocked AS ({{unblocked(spared, waiting)}}),
+notified AS ({{notify_unblocked(unblocked)}}),
 finished AS (
     SELECT pg_notify('switchboard_todos_done', id)
       FROM (SELECT id, awaited FROM dead

@@ -2,6 +2,14 @@
 -- and its dry run count_purgeable) and by the reaper for the queues with a retention
 -- (retained_queues, purge_retained). Format and conventions: shared.sql.
 
+-- fragment: purged(doomed)
+-- The body of a purge's "deleted" CTE: delete the todos `doomed` picked. = ANY(ARRAY(...)), not
+-- IN (SELECT ...): an array is probed through the primary key; a semi-join may be planned as a
+-- hash join over a scan of the whole table.
+DELETE FROM todos
+ WHERE id = ANY (ARRAY(SELECT id FROM $doomed))
+RETURNING queue, state, completed_at
+
 -- name: purge_batch
 -- Delete up to %(limit)s finished todos (%(states)s, only done or failed) completed more than
 -- %(older_than)s ago and at or after %(after)s, oldest first; one short transaction per batch.
@@ -9,8 +17,7 @@
 -- %(after)s (the newest completed_at of the previous batch) keeps every batch as cheap as the
 -- first: the index entries of rows deleted by earlier batches are never walked again. Returns
 -- the todos deleted per queue and state, with the newest completed_at of each (where the next
--- batch starts). = ANY(ARRAY(...)), not IN (SELECT ...): an array is probed through the
--- primary key; a semi-join may be planned as a hash join over a scan of the whole table.
+-- batch starts).
 WITH doomed AS (
     SELECT id
       FROM todos
@@ -19,18 +26,11 @@ WITH doomed AS (
        AND completed_at < now() - %(older_than)s::interval
        AND completed_at >= coalesce(%(after)s::timestamptz, '-infinity')
        AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
-     ORDER BY completed_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+     {{oldest_batch(completed_at)}}
 ),
-deleted AS (
-    DELETE FROM todos
-     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING queue, state, completed_at
-)
+deleted AS ({{purged(doomed)}})
 SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
-  FROM deleted
- GROUP BY queue, state;
+  FROM deleted GROUP BY queue, state;
 
 -- name: purge_retained
 -- Delete up to %(limit)s done and failed todos of queue %(queue)s completed longer ago than its
@@ -50,18 +50,11 @@ WITH doomed AS (
        AND completed_at >= coalesce(%(after)s::timestamptz, '-infinity')
        AND queue = %(queue)s
        AND %(retention)s::interval <= (SELECT retention FROM todo_queues WHERE name = %(queue)s)
-     ORDER BY completed_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+     {{oldest_batch(completed_at)}}
 ),
-deleted AS (
-    DELETE FROM todos
-     WHERE id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING queue, state, completed_at
-)
+deleted AS ({{purged(doomed)}})
 SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
-  FROM deleted
- GROUP BY queue, state;
+  FROM deleted GROUP BY queue, state;
 
 -- name: retained_queues
 -- The queues with a retention (todo_queues), which the reaper purges, and their retention.

@@ -149,6 +149,28 @@ UPDATE todos AS child
  WHERE child.id = edge.child_id AND child.id IN (SELECT id FROM $waiting)
 RETURNING child.id, child.queue, child.state, child.waiting_for, child.next_retry_at
 
+-- fragment: oldest_batch(column)
+-- The end of a sweep's scan (the reaper, a purge): the %(limit)s rows oldest by `column`, each
+-- locked as it is read, skipping those another session holds: a batch never waits for a row,
+-- and two sweeps never take the same one.
+ORDER BY $column
+LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+
+-- fragment: notify_unblocked(unblocked)
+-- The body of the "notified" CTE of a statement whose only newly claimable todos are those it
+-- unblocked (`unblocked`, the CTE of that name): one notification per queue.
+SELECT pg_notify('switchboard_todos', queue)
+  FROM (SELECT DISTINCT queue
+          FROM $unblocked WHERE state = 'pending' AND waiting_for <= 0 AND %(notify)s)
+       AS claimable
+
+-- fragment: notify_ended(ended)
+-- The body of the "finished" CTE: NOTIFY switchboard_todos_done with the id of each todo of
+-- `ended` (a FROM item of the todos that just ended and are awaited).
+SELECT pg_notify('switchboard_todos_done', id)
+  FROM $ended
+
 -- fragment: lost(fallen)
 -- The body of the "lost" CTE: the todos to be cancelled because one of `fallen` (a FROM item
 -- of rows with id and children, just made dead letters) failed, each with the parent it fails

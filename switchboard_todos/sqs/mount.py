@@ -36,7 +36,7 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, get_resolver
 
-from switchboard_todos.waiting import finish_with_connections
+from switchboard_todos.claims.long_polls import finish_with_connections
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -6,8 +6,8 @@ import itertools
 import time
 
 from switchboard_todos import faults
+from switchboard_todos.claims.selection import QueueSelection
 from switchboard_todos.models import Todo
-from switchboard_todos.queues import QueueSelection
 from switchboard_todos.worker.databases import Databases
 from switchboard_todos.worker.hand import Hand, Held, Runner
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from switchboard_todos import handlers, outcomes
-from switchboard_todos.listen import Doorbell
+from switchboard_todos.claims.listen import Doorbell
 from switchboard_todos.models import Todo
 
 #: The one logger of every role (docs/worker.md names it).

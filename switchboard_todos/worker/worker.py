@@ -13,10 +13,10 @@ from datetime import timedelta
 from django.db import connections
 
 from switchboard_todos import faults, handlers, validation
+from switchboard_todos.claims.listen import Doorbell, Listener, PollSchedule
+from switchboard_todos.claims.selection import QueueSelection
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import WorkerCrashed
-from switchboard_todos.listen import Doorbell, Listener, PollSchedule
-from switchboard_todos.queues import QueueSelection
 from switchboard_todos.shutdown import Shutdown
 from switchboard_todos.worker.claiming import DEFAULT_BATCH_SIZE, Claimer
 from switchboard_todos.worker.databases import Databases

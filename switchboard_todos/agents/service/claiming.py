@@ -3,7 +3,7 @@ lease, within its quota of held todos; with a `wait`, a long poll until one is c
 
 A claim from queues of one database is the manager's `claim_batch`; from queues of several, it
 takes from each in turn (`_claim_across`). `aclaim` waits on the LISTEN path holding neither a
-thread nor a connection (waiting.py), admitted only while the agent has fewer than
+thread nor a connection (long_polls.py), admitted only while the agent has fewer than
 SWITCHBOARD_TODOS_AGENT_MAX_WAITS long polls waiting (long_poll_cap.py).
 """
 
@@ -15,9 +15,10 @@ from collections.abc import Iterable
 
 from asgiref.sync import sync_to_async
 
-from switchboard_todos import placement, validation, waiting
+from switchboard_todos import placement, validation
 from switchboard_todos.agents import long_poll_cap
 from switchboard_todos.agents.service import quotas, visibility
+from switchboard_todos.claims import long_polls
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.managers import TodoManager, run_now
 from switchboard_todos.models import Agent, State, Todo
@@ -81,8 +82,8 @@ async def aclaim(
     async with long_poll_cap.awaiting(agent, seconds):
         if not seconds:
             return await sync_to_async(_claim_now)(agent, placed, ttl, count, quota)
-        # A long poll claims on the claim threads from the first claim on (waiting.py).
-        claims = waiting.claim_threads()
+        # A long poll claims on the claim threads from the first claim on (long_polls.py).
+        claims = long_polls.claim_threads()
         claimed = await claims.run(agent.name, _claim_now, agent, placed, ttl, count, quota)
         if claimed:
             return claimed
@@ -131,7 +132,7 @@ async def _claim_across(
         if blocking:
             claimed = _claim_each(agent, placed, ttl, count, quota)
         else:
-            claims = waiting.claim_threads()
+            claims = long_polls.claim_threads()
             claimed = await claims.run(agent.name, _claim_each, agent, placed, ttl, count, quota)
         remaining = deadline - time.monotonic()
         if claimed or remaining <= 0:

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from switchboard_todos.durations import format_duration
 from switchboard_todos.management.base import add_database_argument, chosen_databases
 from switchboard_todos.management.cli import duration, plural, positive_int, queue_name
-from switchboard_todos.retention import MAX_BATCH_SIZE, Purged, count_purgeable, purge
+from switchboard_todos.upkeep.retention import MAX_BATCH_SIZE, Purged, count_purgeable, purge
 
 
 class Command(BaseCommand):

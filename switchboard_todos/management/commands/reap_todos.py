@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandError
 from switchboard_todos import handlers
 from switchboard_todos.management.base import add_database_argument, chosen_databases
 from switchboard_todos.management.cli import duration, plural, positive_int
-from switchboard_todos.reaper import Reaper, ReaperError
 from switchboard_todos.shutdown import Shutdown
+from switchboard_todos.upkeep.reaper import Reaper, ReaperError
 
 DEFAULT_INTERVAL = 10.0
 

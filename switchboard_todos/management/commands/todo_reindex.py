@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections, router
 
 from switchboard_todos.models import Todo
-from switchboard_todos.reindex import index_bloat, reindex
+from switchboard_todos.upkeep.reindex import index_bloat, reindex
 
 
 class Command(BaseCommand):

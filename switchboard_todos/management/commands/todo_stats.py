@@ -6,13 +6,14 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
-from switchboard_todos import stats, vacuum
+from switchboard_todos import stats
 from switchboard_todos.management.base import (
     OperatorCommand,
     add_database_argument,
     add_queue_argument,
     chosen_databases,
 )
+from switchboard_todos.upkeep import vacuum
 
 COLUMNS = [
     ("queue", "queue"),

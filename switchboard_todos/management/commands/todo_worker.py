@@ -12,10 +12,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from switchboard_todos import validation
+from switchboard_todos.claims.selection import EVERY
 from switchboard_todos.exceptions import InvalidTodo, WorkerCrashed
 from switchboard_todos.management import cli
 from switchboard_todos.management.base import chosen_databases
-from switchboard_todos.queues import EVERY
 from switchboard_todos.worker import Worker
 from switchboard_todos.worker.claiming import DEFAULT_BATCH_SIZE
 

@@ -3,7 +3,7 @@
 The statements of `sql/` that make todos claimable right now send
 `NOTIFY switchboard_todos, '<queue>'`, delivered when their transaction commits. A `Listener`
 holds one dedicated connection that LISTENs on that channel and tells each subscriber which
-queue has new work: a worker's `Doorbell`, or the `Waiters` of the long polls (waiting.py),
+queue has new work: a worker's `Doorbell`, or the `Waiters` of the long polls (long_polls.py),
 which hand the wake-up to one of them. It also LISTENs for the end of the todos someone waits
 for (`wait_for`, endings.py) and tells their `Ending`s. Waiters also poll: a todo whose retry
 time arrives or whose lease expires sends no notification, nor does anything committed while
@@ -26,7 +26,7 @@ from django.db import Error as DatabaseError
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("switchboard_todos.listen")
 
 #: The NOTIFY channel of the statements in `sql/`; the payload is the queue name.
 CHANNEL = "switchboard_todos"
@@ -303,7 +303,7 @@ def _close(wrapper: BaseDatabaseWrapper | None) -> None:
 _shared: dict[str, Listener] = {}
 _shared_lock = threading.Lock()
 #: The shared listener keeps its connection this long after the last waiter, so a stream of
-#: long polls does not reconnect for each (the claim threads of waiting.py linger as long).
+#: long polls does not reconnect for each (the claim threads of long_polls.py linger as long).
 SHARED_LINGER = 10.0
 
 

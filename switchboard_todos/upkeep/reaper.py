@@ -28,10 +28,11 @@ from typing import NamedTuple
 
 from django.db import DatabaseError, close_old_connections
 
-from switchboard_todos import faults, placement, retention, schedules, vacuum
+from switchboard_todos import faults, placement, schedules
 from switchboard_todos.backoff import retry_delay
 from switchboard_todos.models import Todo
 from switchboard_todos.shutdown import Shutdown
+from switchboard_todos.upkeep import retention, vacuum
 
 logger = logging.getLogger("switchboard_todos.reaper")
 

@@ -3,7 +3,7 @@
 A long poll (`claim_batch(..., wait=)`, its async twin, and through them every remote surface's
 long poll) joins its database's `Waiters` for as long as it lasts. While it waits it
 holds no connection and, when async, no thread. The process's one LISTEN connection
-(listen.py) hands each notification to one waiter, not to all: a notification says only that
+(claims/listen.py) hands each notification to one waiter, not to all: a notification says only that
 a queue has new work, and the todos one statement makes claimable in a queue send one
 notification between them, so the wake-ups go out one at a time:
 
@@ -45,7 +45,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from django.db import connections
 
-from switchboard_todos import listen
+from switchboard_todos.claims import listen
 
 P = ParamSpec("P")
 R = TypeVar("R")
