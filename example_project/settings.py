@@ -56,9 +56,12 @@ if not os.environ.get("DATABASE_URL"):
 
     ensure_database_url()
 DATABASES = {"default": env.db_url("DATABASE_URL")}
-# Django's connection pool, for the ASGI server (docs/agents.md): without it each request opens
-# a connection of its own. DATABASE_POOL_SIZE=20 keeps up to 20; unset or 0, no pool.
-if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
+# Django's connection pool: up to DATABASE_POOL_SIZE connections per process (0: none, and each
+# request opens a connection of its own). 32 is twice an agent's requests in flight
+# (SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT): one agent at its cap leaves the other half to the
+# server's own threads and to the other agents. Keep processes x this, plus the workers' and the
+# reaper's connections, below PostgreSQL's max_connections (docs/operating.md).
+if pool_size := env.int("DATABASE_POOL_SIZE", default=32):
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": pool_size}
 
 # Inbound webhooks (example_project/webhooks.py): WEBHOOK_SECRETS=github=s3cret,shop=0ther

@@ -110,9 +110,11 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         ("REAP_BATCH", "switchboard_todos.E016"),
         ("AGENT_MAX_WAITS", "switchboard_todos.E017"),
         ("AGENT_MAX_SESSIONS", "switchboard_todos.E018"),
+        ("AGENT_MAX_CONCURRENT", "switchboard_todos.E027"),
         ("AGENT_MAX_HELD", "switchboard_todos.E019"),
         ("AGENT_MAX_CREATES_PER_MINUTE", "switchboard_todos.E023"),
         ("AGENT_MAX_ATTEMPTS", "switchboard_todos.E024"),
+        ("AGENT_MAX_BYTES_PER_MINUTE", "switchboard_todos.E026"),
     ):
         errors += _whole_number(name, error_id=error_id)
     errors += _database_options()

@@ -50,13 +50,20 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_TTL": 30.0,
     # What one remote agent may take, unless its own row says otherwise (the Agent's fields):
     # long polls at once (the long-poll cap, per server process), MCP sessions open at once (per
-    # process), todos held at once, todos created per minute, and the highest max_attempts it
-    # may give a todo.
+    # process), requests in flight at once (per process, long polls included: twice the
+    # long-poll cap, so that an agent with every long poll waiting can still heartbeat and
+    # complete what they bring), todos held at once, todos created per minute, and the highest
+    # max_attempts it may give a todo.
     "AGENT_MAX_WAITS": 8,
     "AGENT_MAX_SESSIONS": 8,
+    "AGENT_MAX_CONCURRENT": 16,
     "AGENT_MAX_HELD": 100,
     "AGENT_MAX_CREATES_PER_MINUTE": 600,
     "AGENT_MAX_ATTEMPTS": 25,
+    # Bytes of JSON one remote agent may write a minute (payloads, results, errors, progress
+    # notes), unless its own row says otherwise: 600 creates of 27 KiB, or 256 errors of the
+    # most that is stored of one (MAX_ERROR_BYTES).
+    "AGENT_MAX_BYTES_PER_MINUTE": 16 * 1024 * 1024,
 }
 
 
@@ -147,6 +154,10 @@ class Settings:
         return int(self._get("AGENT_MAX_SESSIONS"))
 
     @property
+    def AGENT_MAX_CONCURRENT(self) -> int:
+        return int(self._get("AGENT_MAX_CONCURRENT"))
+
+    @property
     def AGENT_MAX_HELD(self) -> int:
         return int(self._get("AGENT_MAX_HELD"))
 
@@ -157,6 +168,10 @@ class Settings:
     @property
     def AGENT_MAX_ATTEMPTS(self) -> int:
         return int(self._get("AGENT_MAX_ATTEMPTS"))
+
+    @property
+    def AGENT_MAX_BYTES_PER_MINUTE(self) -> int:
+        return int(self._get("AGENT_MAX_BYTES_PER_MINUTE"))
 
 
 conf = Settings()

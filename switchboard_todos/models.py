@@ -437,9 +437,20 @@ class Agent(models.Model):
             "SWITCHBOARD_TODOS_AGENT_MAX_ATTEMPTS."
         ),
     )
+    max_bytes_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "Most bytes of JSON (payloads, results, errors, progress notes) it may write per "
+            "minute; empty: SWITCHBOARD_TODOS_AGENT_MAX_BYTES_PER_MINUTE."
+        ),
+    )
     #: The creation quota's current minute and how many todos it created in it.
     creates_window = models.DateTimeField(null=True, blank=True, editable=False)
     creates_in_window = models.IntegerField(default=0, editable=False)
+    #: The byte quota's current minute and how many bytes of JSON it wrote in it.
+    bytes_window = models.DateTimeField(null=True, blank=True, editable=False)
+    bytes_in_window = models.BigIntegerField(db_default=0, default=0, editable=False)
 
     class Meta:
         db_table = "todo_agents"

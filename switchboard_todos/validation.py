@@ -322,9 +322,23 @@ _NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+class JsonText(str):
+    """JSON text that a check of this module made (a payload, result, error or progress note):
+    given again as that same argument, it is taken as it is, not serialized a second time. The
+    service layer measures what an agent writes before it writes it (agents/service/quotas.py).
+    """
+
+
+def json_bytes(text: str) -> int:
+    """The bytes of a JSON text this module made, as UTF-8 (which its checks made sure of)."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def json_text(value: Any, name: str, *, limit: int | None = None) -> str:
     """Serialize `value` as the JSON the database will store, within `limit` bytes (by default
     MAX_JSON_BYTES)."""
+    if type(value) is JsonText:
+        return value
     try:
         serialized = JSON_ENCODER.encode(value)
     except (TypeError, ValueError) as error:
@@ -361,6 +375,8 @@ def payload(value: Any) -> str:
     """The todo's input: a JSON object (a dict), or None for an empty one."""
     if value is None:
         return "{}"
+    if type(value) is JsonText:
+        return value
     if not isinstance(value, dict):
         raise InvalidTodo(f"payload must be a dict (a JSON object), not {type(value).__name__}.")
     return json_text(value, "payload")
@@ -369,6 +385,8 @@ def payload(value: Any) -> str:
 def error(value: object) -> str:
     """What a failed attempt reports, stored as a JSON object with at least a message; one of
     more than SWITCHBOARD_TODOS_MAX_ERROR_BYTES is trimmed to that, with a note."""
+    if type(value) is JsonText:
+        return value
     if value is None:
         detail: dict[str, Any] = {"type": "", "message": ""}
     elif isinstance(value, BaseException):
@@ -390,7 +408,7 @@ def error(value: object) -> str:
             f"error must be a str, a dict or an exception, not {type(value).__name__}."
         )
     serialized = json_text(detail, "error")
-    size = len(serialized) if serialized.isascii() else len(serialized.encode())
+    size = json_bytes(serialized)
     if size <= conf.MAX_ERROR_BYTES:
         return serialized
     return _trimmed_error(detail, serialized, size, conf.MAX_ERROR_BYTES)

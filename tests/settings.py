@@ -40,6 +40,12 @@ SWITCHBOARD_TODOS_SCHEDULES = env.json("SWITCHBOARD_TODOS_SCHEDULES", default={}
 # The long polls one agent may have waiting at once, for the server a test starts
 # (tests/test_long_polls_live.py).
 SWITCHBOARD_TODOS_AGENT_MAX_WAITS = env.int("SWITCHBOARD_TODOS_AGENT_MAX_WAITS", default=8)
+# The requests one agent may have in flight at once (tests/test_request_cap.py): by default
+# twice its long polls, as the setting's default is, so that a test raising the long-poll cap
+# above its flood (tests/test_long_polls_live.py) has every poll admitted.
+SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT = env.int(
+    "SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT", default=2 * SWITCHBOARD_TODOS_AGENT_MAX_WAITS
+)
 
 # The live HTTPS tests (tests/test_api_live.py) turn these on in the server they start.
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)

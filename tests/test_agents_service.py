@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection
@@ -23,6 +24,7 @@ from switchboard_todos.exceptions import (
     TodoNotFound,
 )
 from switchboard_todos.models import Agent, State, Todo
+from tests.conftest import database_url
 
 pytestmark = pytest.mark.django_db
 
@@ -101,6 +103,26 @@ def test_last_seen_is_written_at_most_once_a_minute() -> None:
     Agent.objects.filter(pk=agent.pk).update(last_seen_at=Now() - timedelta(seconds=70))
     service.authenticate(token)
     assert Agent.objects.get(pk=agent.pk).last_seen_at == db_now()  # this transaction's now()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_authentication_does_not_wait_for_the_agents_row_to_mark_it_seen() -> None:
+    """A session holding the agent's row (its own create counting its quota, say) does not hold
+    up its next request's authentication: the mark is skipped, and made by a later request.
+    It used to wait for the row, holding a connection before the request could be counted."""
+    agent, token = accounts.create_agent("bot")
+    with psycopg.connect(database_url()) as holder:
+        holder.execute("SELECT 1 FROM todo_agents WHERE id = %s FOR NO KEY UPDATE", [agent.pk])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '5s'")  # a wait fails the test, not hangs it
+        try:
+            assert service.authenticate(token).pk == agent.pk
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+        assert Agent.objects.get(pk=agent.pk).last_seen_at is None
+    service.authenticate(token)
+    assert Agent.objects.get(pk=agent.pk).last_seen_at is not None
 
 
 def test_revoked_agent_is_not_marked_seen() -> None:

@@ -75,6 +75,7 @@ def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
         ("REAP_BATCH", -1, "switchboard_todos.E016"),
         ("AGENT_MAX_WAITS", None, "switchboard_todos.E017"),
         ("AGENT_MAX_SESSIONS", 0, "switchboard_todos.E018"),
+        ("AGENT_MAX_CONCURRENT", "16", "switchboard_todos.E027"),
         ("AGENT_MAX_HELD", True, "switchboard_todos.E019"),
         ("AGENT_MAX_CREATES_PER_MINUTE", 0, "switchboard_todos.E023"),
         ("AGENT_MAX_ATTEMPTS", 2.0, "switchboard_todos.E024"),

@@ -45,8 +45,8 @@ HANDFUL = 1 + long_polls.CLAIM_THREADS + 4 + 4
 
 @pytest.fixture
 def start_server(subprocess_env: dict[str, str]) -> Iterator[Callable[..., str]]:
-    """Starts the example project's application (no connection pool, as the example project
-    runs by default) with settings from the environment; its base URL once it answers."""
+    """Starts the example project's application (no connection pool, unless the settings given
+    ask for one) with settings from the environment; its base URL once it answers."""
     with ExitStack() as servers:
         processes: list[subprocess.Popen[str]] = []
 

@@ -44,6 +44,7 @@ FIELDS = [
     "max_held",
     "max_creates_per_minute",
     "max_attempts_limit",
+    "max_bytes_per_minute",
     "token_prefix",
     "token_generation",
     "created_at",
@@ -51,7 +52,7 @@ FIELDS = [
 ]
 #: The quotas (empty: the project's SWITCHBOARD_TODOS_AGENT_* setting). Zero would refuse every
 #: claim or creation for good, which revoking the token or dropping a grant says better.
-QUOTAS = ["max_held", "max_creates_per_minute", "max_attempts_limit"]
+QUOTAS = ["max_held", "max_creates_per_minute", "max_attempts_limit", "max_bytes_per_minute"]
 
 
 if TYPE_CHECKING:

@@ -5,14 +5,13 @@ Every remote surface's long poll (a claim with a wait, a read waiting for a todo
 here before anything is claimed or read. Past the cap the agent is told to slow down
 (Throttled: HTTP 429 with Retry-After, SQS RequestThrottled, an MCP tool error that says when to
 poll again) instead of being given a waiter. The count is of the long polls in this server
-process: behind a balancer with N processes an agent may have N times the cap waiting, each
-process bounding its own.
+process (caps.py): behind a balancer with N processes an agent may have N times the cap
+waiting, each process bounding its own. A long poll is also one of the agent's requests in
+flight (request_cap.py) for the whole of its wait.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
@@ -21,19 +20,23 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connections
 
 from switchboard_todos import validation
+from switchboard_todos.agents.caps import RETRY_AFTER, AgentCap
 from switchboard_todos.conf import conf
-from switchboard_todos.exceptions import Throttled
 from switchboard_todos.models import Agent
 from switchboard_todos.validation import Seconds
 
 #: Longest long poll (the `wait` of a claim or a read), in seconds: SQS's limit, and below MCP
 #: clients' request timeouts.
 MAX_WAIT = 20
-#: How long an agent past its cap is asked to wait before polling again, in seconds.
-RETRY_AFTER = 1
 
-_lock = threading.Lock()
-_waiting: Counter[str] = Counter()
+_waits = AgentCap(
+    lambda: conf.AGENT_MAX_WAITS,
+    lambda name, cap: (
+        f"Agent {name!r} already has {cap} long polls waiting on this server "
+        "(SWITCHBOARD_TODOS_AGENT_MAX_WAITS): let one of them answer before starting "
+        f"another; poll again in {RETRY_AFTER} s at the earliest."
+    ),
+)
 
 
 def seconds_of(wait: Seconds) -> float:
@@ -51,23 +54,8 @@ def admitted(agent: Agent, seconds: float) -> Iterator[None]:
     if not seconds:
         yield
         return
-    cap = conf.AGENT_MAX_WAITS
-    with _lock:
-        if _waiting[agent.name] >= cap:
-            raise Throttled(
-                f"Agent {agent.name!r} already has {cap} long polls waiting on this server "
-                "(SWITCHBOARD_TODOS_AGENT_MAX_WAITS): let one of them answer before starting "
-                f"another; poll again in {RETRY_AFTER} s at the earliest.",
-                retry_after=RETRY_AFTER,
-            )
-        _waiting[agent.name] += 1
-    try:
+    with _waits.admitted(agent.name):
         yield
-    finally:
-        with _lock:
-            _waiting[agent.name] -= 1
-            if not _waiting[agent.name]:
-                del _waiting[agent.name]
 
 
 @asynccontextmanager

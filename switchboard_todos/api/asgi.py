@@ -11,7 +11,8 @@ goes to the application it wraps, and api/views.py stays where the whole API is 
 documented.
 
 The token comes first. A request without a well-formed bearer token is answered 401 before its
-body is even read; any other body is read on the event loop (I/O only, at most
+body is even read, and one whose agent is known to be at its cap of requests in flight
+(agents/request_cap.py) 429; any other body is read on the event loop (I/O only, at most
 DATA_UPLOAD_MAX_MEMORY_SIZE kept) and parsed on the thread, only once the token was found: no
 body, whatever its size, is parsed on the event loop, where it would hold up every long poll
 this process serves, and no anonymous body is parsed at all.
@@ -52,7 +53,7 @@ from django.urls import get_resolver
 from django.urls.exceptions import Resolver404
 from pydantic import ValidationError
 
-from switchboard_todos.agents import service
+from switchboard_todos.agents import request_cap, service
 from switchboard_todos.agents.serialize import todo_json, todos_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
@@ -65,7 +66,7 @@ from switchboard_todos.api.schemas import (
     Request,
 )
 from switchboard_todos.claims.long_polls import finish_with_connections
-from switchboard_todos.exceptions import NotAuthenticated, TodoError
+from switchboard_todos.exceptions import TodoError
 from switchboard_todos.models import Agent, Todo
 
 Scope = MutableMapping[str, Any]
@@ -185,16 +186,19 @@ class AgentsAPIFirst:
         token = _bearer(authorization)
         try:
             service.check_shape(token)
-        except NotAuthenticated as error:  # refused before the body is read
+            assert token is not None
+            request_cap.refuse_known(token)
+        except TodoError as error:  # refused before the body is read, on no thread
             return problems.todo_error_response(error, authorization)
         body = await _read_body(receive)
         loop = asyncio.get_running_loop()
         try:
             answer = await loop.run_in_executor(self._threads, _perform, verb, token, todo_id, body)
             if isinstance(answer, Waiting):  # suspended, not holding a thread
-                claimed = await _wait_and_claim(answer.agent, answer.arguments)
-                if any(todo.parents for todo in claimed):  # their parents' results: a query
-                    return await loop.run_in_executor(self._threads, _serialized, claimed)
+                with request_cap.admitted(answer.agent):
+                    claimed = await _wait_and_claim(answer.agent, answer.arguments)
+                    if any(todo.parents for todo in claimed):  # their parents' results: a query
+                        return await loop.run_in_executor(self._threads, _serialized, claimed)
                 return _body(claimed)
         except TodoError as error:
             return problems.todo_error_response(error, authorization)
@@ -207,22 +211,25 @@ def _perform(
     verb: str, token: str | None, todo_id: str | None, body: bytes | None
 ) -> bytes | Waiting | HttpResponse:
     """On one of the threads: authenticate, then parse the body (or refuse it), then run the
-    verb and serialize its answer. A claim with a `wait` returns Waiting: the event loop waits
-    for it."""
+    verb, counted among the agent's requests in flight, and serialize its answer. A claim with
+    a `wait` returns Waiting: the event loop waits for it, and counts it."""
     try:
         agent = service.authenticate(token)
         arguments = _arguments(verb, body)
         if isinstance(arguments, HttpResponse):
             return arguments
-        if verb != CLAIM:
-            assert todo_id is not None
-            return _body(BY_ID[verb][1](agent, todo_id, arguments))
-        assert isinstance(arguments, ClaimIn)
-        if arguments.wait:
+        if isinstance(arguments, ClaimIn) and arguments.wait:
             return Waiting(agent, arguments)
-        return _body(
-            service.claim(agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit)
-        )
+        with request_cap.admitted(agent):
+            if verb != CLAIM:
+                assert todo_id is not None
+                return _body(BY_ID[verb][1](agent, todo_id, arguments))
+            assert isinstance(arguments, ClaimIn)
+            return _body(
+                service.claim(
+                    agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit
+                )
+            )
     finally:
         finish_with_connections()
 

@@ -10,8 +10,10 @@ its wait (docs/agents.md).
 
 from __future__ import annotations
 
+import inspect
 import json
-from functools import cached_property
+from collections.abc import Callable
+from functools import cached_property, wraps
 from typing import Annotated, Any, Literal
 
 from django.http import HttpRequest, HttpResponse
@@ -22,7 +24,7 @@ from ninja.operation import Operation
 from ninja.security import HttpBearer
 from pydantic import Field
 
-from switchboard_todos.agents import errors, service
+from switchboard_todos.agents import errors, request_cap, service
 from switchboard_todos.agents.serialize import atodos_json, todo_json, todos_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
@@ -49,9 +51,13 @@ from switchboard_todos.models import Agent, Todo
 
 
 class BearerToken(HttpBearer):
-    """`Authorization: Bearer sbt_…`: the agent is the token's, never something in the body."""
+    """`Authorization: Bearer sbt_…`: the agent is the token's, never something in the body.
+
+    The token of an agent at its cap of requests in flight is refused before its lookup.
+    """
 
     def authenticate(self, request: HttpRequest, token: str) -> Agent:
+        request_cap.refuse_known(token)
         return service.authenticate(token)
 
 
@@ -109,6 +115,29 @@ api = AgentsAPI(
     docs_url=None,
 )
 problems.install(api)
+
+
+def in_flight(view: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a route counted among its agent's requests in flight (request_cap.py): after ninja
+    authenticated the token and checked the request, before the verb's first statement."""
+    if inspect.iscoroutinefunction(view):
+
+        @wraps(view)
+        async def counted_async(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            with request_cap.admitted(agent_of(request)):
+                return await view(request, *args, **kwargs)
+
+        return counted_async
+
+    @wraps(view)
+    def counted(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        with request_cap.admitted(agent_of(request)):
+            return view(request, *args, **kwargs)
+
+    return counted
+
+
+api.add_decorator(in_flight)
 
 #: Where the answers of these operations (by status) name a todo: the schema links them to the
 #: verbs on that todo, the agent's loop (a generated client, Schemathesis, follows them).

@@ -21,7 +21,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from switchboard_todos import __version__, faults
-from switchboard_todos.agents import errors, service
+from switchboard_todos.agents import errors, request_cap, service
 from switchboard_todos.agents.serialize import TodoJSON, atodos_json
 from switchboard_todos.exceptions import Throttled, TodoError
 from switchboard_todos.models import Agent, Todo
@@ -172,9 +172,13 @@ class Tools:
         self._agent = agent
 
     async def _run(self, call: Callable[[Agent], Awaitable[dict[str, Any]]]) -> CallToolResult:
+        """One tool call, counted among the agent's requests in flight (request_cap.py): past
+        the cap, a tool error, and no connection taken."""
         async with request_scope():
             try:
-                return _result(await call(await self._agent()))
+                agent = await self._agent()
+                with request_cap.admitted(agent):
+                    return _result(await call(agent))
             except Throttled as error:
                 return _problem(errors.THROTTLED, str(error), error.retry_after)
             except TodoError as error:

@@ -3,47 +3,73 @@
 -- name: authenticate
 -- The agent holding a token (by its hash), active or not; marks it seen at most once a
 -- minute, so that a busy agent does not write its row on every request. The UPDATE runs
--- whether or not the final query reads it (a data-modifying WITH always does).
+-- whether or not the final query reads it (a data-modifying WITH always does). The mark is
+-- skipped while another session holds the row (the agent's own create counting its quota, an
+-- operator's edit): waiting for it, every request of the agent arriving meanwhile held a
+-- connection before its cap of requests in flight could count it. The next request marks it.
 WITH found AS (
     SELECT * FROM todo_agents WHERE token_hash = %(token_hash)s
+),
+unseen AS (
+    SELECT todo_agents.id
+      FROM todo_agents
+      JOIN found ON found.id = todo_agents.id
+     WHERE found.is_active
+       AND (found.last_seen_at IS NULL OR found.last_seen_at < now() - interval '1 minute')
+       FOR NO KEY UPDATE OF todo_agents SKIP LOCKED
 ),
 seen AS (
 UPDATE todo_agents
    SET last_seen_at = now()
-  FROM found
- WHERE todo_agents.id = found.id AND found.is_active
-   AND (found.last_seen_at IS NULL OR found.last_seen_at < now() - interval '1 minute')
+  FROM unseen
+ WHERE todo_agents.id = unseen.id
 RETURNING todo_agents.id
 )
 SELECT * FROM found;
 
--- name: count_creates
--- Count %(count)s creations (one todo, or every todo of a plan) against agent %(agent_id)s's
--- quota of %(quota)s a minute, unless they would go past it. The agent's window is the minute
--- from its first creation after the last window ended. Returns whether they were counted, and
--- the seconds left in the window (how long a refused creation should wait). Creations of one
--- agent wait on its row in turn.
+-- name: count_writes
+-- Count %(count)s creations (none, one todo, or every todo of a plan) and %(bytes)s bytes of
+-- JSON against agent %(agent_id)s's quotas of %(quota)s creations and %(byte_quota)s bytes a
+-- minute, unless either would go past its quota: then neither is counted. Each quota's window
+-- is the minute from the agent's first write it counted after its last window ended (a write
+-- that creates nothing leaves the creations' window alone). Returns whether they were counted,
+-- whether the bytes fit, and the seconds until the last window of a quota they would pass ends
+-- (how long a refused write should wait). The writes of one agent wait on its row in turn.
 WITH agent AS (
     SELECT id,
            CASE WHEN creates_window > now() - interval '1 minute' THEN creates_window
-                ELSE now() END AS window_start,
+                ELSE now() END AS creates_start,
            CASE WHEN creates_window > now() - interval '1 minute' THEN creates_in_window
-                ELSE 0 END AS created
+                ELSE 0 END + %(count)s AS created,
+           CASE WHEN bytes_window > now() - interval '1 minute' THEN bytes_window
+                ELSE now() END AS bytes_start,
+           CASE WHEN bytes_window > now() - interval '1 minute' THEN bytes_in_window
+                ELSE 0 END + %(bytes)s AS written
       FROM todo_agents
      WHERE id = %(agent_id)s
        FOR NO KEY UPDATE
 ),
+verdict AS (
+    SELECT agent.*, %(count)s = 0 OR created <= %(quota)s AS creates_fit,
+           written <= %(byte_quota)s AS bytes_fit
+      FROM agent
+),
 counted AS (
 UPDATE todo_agents
-   SET creates_window = agent.window_start,
-       creates_in_window = agent.created + %(count)s
-  FROM agent
- WHERE todo_agents.id = agent.id AND agent.created + %(count)s <= %(quota)s
+   SET creates_window = CASE WHEN %(count)s > 0 THEN verdict.creates_start
+                             ELSE todo_agents.creates_window END,
+       creates_in_window = verdict.created,
+       bytes_window = verdict.bytes_start,
+       bytes_in_window = verdict.written
+  FROM verdict
+ WHERE todo_agents.id = verdict.id AND verdict.creates_fit AND verdict.bytes_fit
 RETURNING todo_agents.id
 )
-SELECT EXISTS (SELECT FROM counted) AS counted,
-       extract(epoch FROM window_start + interval '1 minute' - now())::float8 AS window_left
-  FROM agent;
+SELECT EXISTS (SELECT FROM counted) AS counted, bytes_fit,
+       extract(epoch FROM greatest(CASE WHEN NOT creates_fit THEN creates_start END,
+                                   CASE WHEN NOT bytes_fit THEN bytes_start END)
+                          + interval '1 minute' - now())::float8 AS window_left
+  FROM verdict;
 
 -- name: held
 -- How many todos %(owner)s holds (claimed, expired or not, until the reaper or another claim

@@ -2,11 +2,11 @@
 
 `POST <base>/sqs/` with `X-Amz-Target: AmazonSQS.<Action>` and a JSON body, signed with SigV4
 (signing.py), or at any path behind `SQSAnywhere` (mount.py); queue URLs are the endpoint's URL
-and the queue's name (queue_urls.py). Each action authenticates the agent, calls
-agents/service/ (which checks the grants), and answers SQS's JSON; errors come from the one
-error table (agents/errors.py) in SQS's shape, with the `x-amzn-query-error` header botocore
-reads the legacy error codes from. The long poll of ReceiveMessage waits on the LISTEN path
-without holding a thread under ASGI.
+and the queue's name (queue_urls.py). Each action authenticates the agent, is counted among
+its requests in flight (agents/request_cap.py), calls agents/service/ (which checks the
+grants), and answers SQS's JSON; errors come from the one error table (agents/errors.py) in
+SQS's shape, with the `x-amzn-query-error` header botocore reads the legacy error codes from.
+The long poll of ReceiveMessage waits on the LISTEN path without holding a thread under ASGI.
 
 Every parameter is checked before the first statement runs, so a refused request writes and
 claims nothing; the answer of a send is computed before its todo is written, and a received
@@ -29,7 +29,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from switchboard_todos import faults, placement, validation
-from switchboard_todos.agents import errors, service
+from switchboard_todos.agents import errors, request_cap, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
 from switchboard_todos.models import Agent, Todo
 from switchboard_todos.sqs import attributes, messages, queue_urls, signing, titles
@@ -91,7 +91,8 @@ async def endpoint(request: HttpRequest, queue: str | None = None) -> HttpRespon
         if len(body) > MAX_BODY:
             raise SQSError("InvalidParameterValue", f"The request body exceeds {MAX_BODY} bytes.")
         agent, params = await sync_to_async(_signed)(request, body)
-        return _answer(200, await action(agent, params, request))
+        with request_cap.admitted(agent):  # past the agent's cap, RequestThrottled
+            return _answer(200, await action(agent, params, request))
     except signing.SigningError as error:
         return _error(error.code, str(error))
     except SQSError as error:

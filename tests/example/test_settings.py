@@ -118,3 +118,21 @@ def test_tasks_and_backoff_settings(subprocess_env: dict[str, str]) -> None:
     shortened = example(subprocess_env, environment, "-c", show)
     assert shortened.returncode == 0, shortened.stderr
     assert json.loads(shortened.stdout)[1:] == [0.5, 10, 0]
+
+
+def test_the_database_has_a_connection_pool_unless_told_otherwise(
+    subprocess_env: dict[str, str],
+) -> None:
+    """32 connections a process by default (docs/operating.md sizes it); DATABASE_POOL_SIZE
+    changes it, and 0 turns the pool off."""
+    show = (
+        "import json, django\nfrom django.conf import settings\ndjango.setup()\n"
+        "print(json.dumps(settings.DATABASES['default'].get('OPTIONS', {}).get('pool')))"
+    )
+    subprocess_env.pop("DATABASE_POOL_SIZE", None)
+    pools = []
+    for environment in ({}, {"DATABASE_POOL_SIZE": "8"}, {"DATABASE_POOL_SIZE": "0"}):
+        shown = example(subprocess_env, {"DEBUG": "1", **environment}, "-c", show)
+        assert shown.returncode == 0, shown.stderr
+        pools.append(json.loads(shown.stdout))
+    assert pools == [{"min_size": 1, "max_size": 32}, {"min_size": 1, "max_size": 8}, None]

@@ -14,9 +14,9 @@ checked here and nowhere else:
 One module per family of verbs: `identity` (authenticate), `reading` (list and get),
 `claiming`, `holding` (heartbeat, complete, fail, release) and `creating` (a todo, a plan);
 beside them `visibility` (what an agent may see, and in which databases), `quotas` (held todos,
-creations a minute, attempts) and `twins`. Every verb has an `a`-prefixed async twin; `aclaim`
-and `aget_todo` wait on the LISTEN path holding neither a thread nor a connection, each a long
-poll counted against the agent's cap (long_poll_cap.py).
+creations and bytes of JSON a minute, attempts) and `twins`. Every verb has an `a`-prefixed
+async twin; `aclaim` and `aget_todo` wait on the LISTEN path holding neither a thread nor a
+connection, each a long poll counted against the agent's cap (long_poll_cap.py).
 """
 
 from __future__ import annotations

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from django.db import router, transaction
 
-from switchboard_todos import graphs, placement, validation
+from switchboard_todos import endings, graphs, placement, validation
 from switchboard_todos.agents.service import quotas, visibility
 from switchboard_todos.agents.service.twins import twin
-from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoConflict, TodoNotFound
-from switchboard_todos.models import Agent, Todo
+from switchboard_todos.exceptions import (
+    InvalidPlan,
+    InvalidTodo,
+    QueueNotGranted,
+    TodoConflict,
+    TodoError,
+    TodoNotFound,
+)
+from switchboard_todos.models import Agent, State, Todo
 
 #: Longest idempotency or concurrency key an agent gives, as SQS's MessageDeduplicationId: the
 #: key scoped to the agent (`scoped_key`) then fits the core's limit whatever the agent's name.
@@ -56,9 +64,11 @@ def create_for(
     idempotency key held by a live todo the agent created in that queue returns that todo with
     created=False, or, when the agent may not see that todo, a TodoConflict naming none. Each
     call counts against the agent's creation quota (Throttled past it); `max_attempts` may not
-    exceed the agent's limit, and defaults to the lower of 5 and that limit. With `after`, the
-    todo waits for those todos (docs/dependencies.md), each one the agent may see: any other id
-    is TodoNotFound, as an unknown one. A refused call writes nothing.
+    exceed the agent's limit, and defaults to the lower of 5 and that limit; its payload counts
+    against the agent's quota of bytes. With `after`, the todo waits for those todos
+    (docs/dependencies.md), each one the agent may see (any other id is TodoNotFound, as an
+    unknown one) and not a dead letter. A refused call writes nothing; one refused once it was
+    counted (`_counted`) stays counted.
     """
     spec = _creation(
         agent,
@@ -77,13 +87,11 @@ def create_for(
             "on_parent_failure": on_parent_failure,
         },
     )
+    stored = validation.creation(spec)["payload"]  # bad input is refused before anything else
     if spec["after"] is not None:
-        validation.creation(spec)  # bad input is refused before the parents are looked at
-        _check_visible(agent, {placement.database_for(spec["queue"]): spec["after"]})
-    # The count is undone with the transaction when the create is refused (bad input, 409).
-    with transaction.atomic(using=router.db_for_write(Agent)):
-        quotas.count_creates(agent, 1)
-        todo, created = Todo.objects.create_todo(**spec)
+        _check_parents(agent, {placement.database_for(spec["queue"]): spec["after"]})
+    with _counted(agent, 1, validation.json_bytes(stored)):
+        todo, created = Todo.objects.create_todo(**{**spec, "payload": validation.JsonText(stored)})
         if not created and not visibility.sees(agent, todo):
             raise _hidden_twin(idempotency_key, spec["queue"])
     return todo, created
@@ -96,9 +104,10 @@ def create_many_for(agent: Agent, *, todos: Iterable[Mapping[str, Any]]) -> list
     `ref`: an entry of `after` is the ref of another todo of the plan, or else the id of a todo
     the agent may see (TodoNotFound otherwise, as an unknown id). A plan with refs or `after`
     is created whole or not at all; a ref named twice, a todo waiting for itself or a cycle is
-    InvalidPlan. The plan counts one creation per todo against the agent's quota, all at once
-    (one larger than the whole quota is InvalidTodo: it could never pass). With idempotency keys
-    on its todos, a plan sent again while its todos are live returns them (created=False).
+    InvalidPlan. The plan counts one creation per todo, and its payloads' bytes, against the
+    agent's quotas, all at once (one larger than the whole quota is InvalidTodo: it could never
+    pass), created or refused once counted (`_counted`). With idempotency keys on its todos, a
+    plan sent again while its todos are live returns them (created=False).
     """
     if isinstance(todos, str | bytes | Mapping) or not isinstance(todos, Iterable):
         raise InvalidTodo(f"todos must be a list of todos, not {type(todos).__name__}.")
@@ -121,15 +130,17 @@ def create_many_for(agent: Agent, *, todos: Iterable[Mapping[str, Any]]) -> list
         for parent in checked[-1]["after"] or []:
             if parent not in named:
                 waited.setdefault(placement.database_for(checked[-1]["queue"]), []).append(parent)
+    # Bad input is refused before anything else.
+    payloads = [params["payload"] for params in validation.creations(checked)]
     if waited:
-        validation.creations(checked)  # bad input is refused before the parents are looked at
-        _check_visible(agent, waited)
+        _check_parents(agent, waited)
     planned = [
-        spec if ref is None else {**spec, "ref": ref}
-        for spec, ref in zip(checked, refs, strict=True)
+        {**spec, "payload": validation.JsonText(payload), **({} if ref is None else {"ref": ref})}
+        for spec, ref, payload in zip(checked, refs, payloads, strict=True)
     ]
-    with transaction.atomic(using=router.db_for_write(Agent)):
-        quotas.count_creates(agent, len(planned))
+    with _counted(agent, len(planned), sum(map(validation.json_bytes, payloads))):
+        if waited or any(refs):
+            _refuse_held_keys(checked, specs)
         made = Todo.objects.create_many(planned)
         for (todo, created), spec in zip(made, specs, strict=True):
             if not created and not visibility.sees(agent, todo):
@@ -175,18 +186,73 @@ def _creation(agent: Agent, spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _check_visible(agent: Agent, waited: Mapping[str, list[str]]) -> None:
+def _check_parents(agent: Agent, waited: Mapping[str, list[str]]) -> None:
     """TodoNotFound for the first of the todos to be waited for (by database) that the agent
-    may not see, exactly as for an unknown id; one query per database."""
+    may not see, exactly as for an unknown id, and InvalidTodo for one that is a dead letter
+    (which the create's statement would refuse once it had locked them all); one read per
+    database, which waits for no lock."""
     for alias, ids in waited.items():
-        seen = set(
+        seen = dict(
             Todo.objects.using(alias)
             .filter(visibility.visible_to(agent), pk__in=ids)
-            .values_list("pk", flat=True)
+            .values_list("pk", "state")
         )
         for todo_id in ids:
             if todo_id not in seen:
                 raise TodoNotFound(todo_id)
+        for todo_id in ids:
+            if seen[todo_id] == State.FAILED:
+                raise InvalidTodo(
+                    f"after: todo {todo_id!r} is a dead letter; requeue it before waiting for it."
+                )
+
+
+@contextmanager
+def _counted(agent: Agent, count: int, size: int) -> Iterator[None]:
+    """Count `count` creations of payloads of `size` bytes, then run the block in the same
+    transaction (one commit), which commits the count whatever the block answers: a create the
+    database refused (a key held, a parent that ended meanwhile) cost it as much as one it made,
+    so it costs the agent the same."""
+    refused: TodoError | None = None
+    with transaction.atomic(using=router.db_for_write(Agent)):
+        quotas.count_creates(agent, count, size)
+        try:
+            yield
+        except InvalidPlan:  # found before the plan's statement: no more than bad input
+            raise
+        except (InvalidTodo, TodoConflict) as error:  # after a statement, never inside one
+            refused = error
+    if refused is not None:
+        raise refused
+
+
+def _refuse_held_keys(checked: list[dict[str, Any]], specs: list[Mapping[str, Any]]) -> None:
+    """TodoConflict for a plan created whole or not at all when live todos hold some of its
+    idempotency keys but not all (all of them, it answers those todos): one read, before the
+    create's statement would insert the plan, lock its parents and roll back."""
+    keys = [(spec["queue"], spec["idempotency_key"]) for spec in checked]
+    wanted = [key for key in keys if key[1] is not None]
+    if not wanted:
+        return
+    held = set(
+        Todo.objects.using(placement.database_for(wanted[0][0]))
+        .filter(
+            queue__in={queue for queue, _ in wanted},
+            idempotency_key__in={key for _, key in wanted},
+        )
+        .exclude(state__in=endings.ENDED)
+        .values_list("queue", "idempotency_key")
+    )
+    taken = [
+        spec.get("idempotency_key") for key, spec in zip(keys, specs, strict=True) if key in held
+    ]
+    if taken and len(taken) < len(keys):
+        raise TodoConflict(
+            f"Live todos hold the idempotency keys {', '.join(map(repr, taken))} of this plan: "
+            "its todos wait for each other, so they are created all together or not at all; "
+            "nothing was created.",
+            todo_id="",
+        )
 
 
 def _hidden_twin(key: object, queue: str) -> TodoConflict:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from switchboard_todos.agents.service import visibility
+from switchboard_todos import validation
+from switchboard_todos.agents.service import quotas, visibility
 from switchboard_todos.agents.service.twins import twin
 from switchboard_todos.exceptions import TodoConflict, TodoNotFound
 from switchboard_todos.managers import TodoManager
@@ -20,40 +21,62 @@ from switchboard_todos.validation import Seconds
 def heartbeat(agent: Agent, todo_id: str, ttl: Seconds | None, progress: Any = None) -> Todo:
     """Extend the lease on a todo the agent holds to `ttl` from now; `progress` (any JSON
     value) becomes its latest progress note. TodoCancelled: an operator cancelled it."""
+    checked = validation.arguments(ttl=ttl, progress=progress)
+    note = _checked(checked["progress"])
     return _as_holder(
         agent,
         todo_id,
-        lambda todos, checked: todos.heartbeat(checked, agent.name, ttl, progress=progress),
+        note,
+        lambda todos, held: todos.heartbeat(held, agent.name, checked["ttl"], progress=note),
     )
 
 
 def complete(agent: Agent, todo_id: str, result: Any = None) -> Todo:
     """Mark a todo the agent holds done, with `result` (any JSON value)."""
+    text = _checked(validation.result(result))
     return _as_holder(
-        agent, todo_id, lambda todos, checked: todos.complete(checked, agent.name, result)
+        agent, todo_id, text, lambda todos, held: todos.complete(held, agent.name, text)
     )
 
 
 def fail(agent: Agent, todo_id: str, error: Any = None, retry_in: Seconds | None = None) -> Todo:
     """Record a failed attempt: retried after a backoff (or `retry_in`), dead letter at the cap."""
+    checked = validation.arguments(error=error, retry_in=retry_in)
+    text = _checked(checked["error"])
     return _as_holder(
-        agent, todo_id, lambda todos, checked: todos.fail(checked, agent.name, error, retry_in)
+        agent,
+        todo_id,
+        text,
+        lambda todos, held: todos.fail(held, agent.name, text, checked["retry_in"]),
     )
 
 
 def release(agent: Agent, todo_id: str, delay: Seconds | None = None) -> Todo:
     """Give the lease back, claimable again after `delay`; the attempt is not counted."""
     return _as_holder(
-        agent, todo_id, lambda todos, checked: todos.release(checked, agent.name, delay)
+        agent, todo_id, None, lambda todos, held: todos.release(held, agent.name, delay)
     )
 
 
-def _as_holder(agent: Agent, todo_id: str, transition: Callable[[TodoManager, str], Todo]) -> Todo:
-    """Run a holder's transition; a conflict over a todo the agent may not see is a 404.
+def _checked(text: str | None) -> validation.JsonText | None:
+    """The JSON a verb writes, checked here already: the manager takes it as it is."""
+    return None if text is None else validation.JsonText(text)
+
+
+def _as_holder(
+    agent: Agent,
+    todo_id: str,
+    written: str | None,
+    transition: Callable[[TodoManager, str], Todo],
+) -> Todo:
+    """Run a holder's transition, once the JSON it writes (`written`) is counted against the
+    agent's quota of bytes (quotas.count_bytes; counted, whatever the transition answers); a
+    conflict over a todo the agent may not see is a 404.
 
     With several databases, the todo is first looked for (one query per database).
     """
     checked = visibility.todo_id(todo_id)
+    quotas.count_bytes(agent, written)
     aliases = visibility.databases(agent)
     if len(aliases) > 1:
         found = [

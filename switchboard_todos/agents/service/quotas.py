@@ -1,16 +1,17 @@
-"""An agent's quotas: the todos it may hold at once, the todos it may create a minute, and the
-attempts a todo it creates may have. Each is its Agent field, else the project's setting.
+"""An agent's quotas: the todos it may hold at once, the todos it may create a minute, the
+bytes of JSON it may write a minute, and the attempts a todo it creates may have. Each is its
+Agent field, else the project's setting.
 
-A claim past `max_held` and a create past `max_creates_per_minute` are Throttled, with the time
-until there is room again; a `max_attempts` above the limit is InvalidTodo, as waiting would
-never make it acceptable.
+A claim past `max_held`, and a write past `max_creates_per_minute` or `max_bytes_per_minute`,
+are Throttled, with the time until there is room again; a `max_attempts` above the limit is
+InvalidTodo, as waiting would never make it acceptable.
 """
 
 from __future__ import annotations
 
 from django.db import connections, router
 
-from switchboard_todos import cursors
+from switchboard_todos import cursors, validation
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, NotAuthenticated, Throttled
 from switchboard_todos.models import Agent
@@ -19,6 +20,11 @@ from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
 
 #: Longest Retry-After of a claim refused at the agent's quota of held todos, in seconds.
 HELD_RETRY_MAX = 60
+#: JSON of a complete, fail or heartbeat up to this many bytes is not counted against the
+#: agent's quota of bytes: no more than the row each of them writes anyway, and counting it
+#: would cost each of those calls a second statement. Creations count every byte: their
+#: statement counts the todos already.
+UNCOUNTED_BYTES = 1024
 
 
 def max_held(agent: Agent) -> int:
@@ -49,25 +55,19 @@ def refuse_at_held_quota(agent: Agent, aliases: list[str], quota: int) -> None:
     )
 
 
-def count_creates(agent: Agent, count: int) -> None:
-    """Count `count` creations against the agent's quota per minute (count_creates, agents.sql):
-    Throttled, and nothing counted, past it; InvalidTodo when `count` is more than the whole
-    quota, which waiting would never make room for."""
+def count_creates(agent: Agent, count: int, size: int) -> None:
+    """Count `count` creations, whose payloads are `size` bytes of JSON, against the agent's
+    quotas a minute (count_writes, agents.sql): Throttled, and nothing counted, past either;
+    InvalidTodo when `count` is more than the whole quota, which waiting would never make room
+    for."""
     quota = _quota(agent.max_creates_per_minute, conf.AGENT_MAX_CREATES_PER_MINUTE)
     if count > quota:
         raise InvalidTodo(
             f"A plan of {count} todos is more than agent {agent.name!r} may create in a minute "
             f"(max_creates_per_minute {quota}): make it smaller; nothing was created."
         )
-    with cursors.cursor(connections[router.db_for_write(Agent)]) as cursor:
-        cursor.execute(
-            agent_queries["count_creates"], {"agent_id": agent.pk, "quota": quota, "count": count}
-        )
-        row = cursor.fetchone()
-    if row is None:
-        raise NotAuthenticated("Unknown token.")  # the agent was deleted since the request began
-    counted, window_left = row
-    if not counted:
+    window_left = _count(agent, count, quota, size)
+    if window_left is not None:
         full = f"created {quota} todos within a minute, its quota (max_creates_per_minute)"
         if count > 1:
             full = (
@@ -75,6 +75,49 @@ def count_creates(agent: Agent, count: int) -> None:
                 f"with {count} more"
             )
         raise _throttled(f"Agent {agent.name!r} {full}; nothing was created.", window_left)
+
+
+def count_bytes(agent: Agent, text: str | None) -> None:
+    """Count the JSON `text` a complete, fail or heartbeat writes against the agent's quota of
+    bytes a minute, as count_creates does; at most UNCOUNTED_BYTES of it is not counted."""
+    size = 0 if text is None else validation.json_bytes(text)
+    if size > UNCOUNTED_BYTES:
+        _count(agent, 0, 0, size)
+
+
+def _count(agent: Agent, count: int, quota: int, size: int) -> float | None:
+    """Run count_writes: None once counted; Throttled past the quota of bytes (InvalidTodo
+    for more than all of it); past the creations' quota, the seconds until it has room."""
+    byte_quota = _quota(agent.max_bytes_per_minute, conf.AGENT_MAX_BYTES_PER_MINUTE)
+    if size > byte_quota:
+        raise InvalidTodo(
+            f"{size} bytes of JSON are more than agent {agent.name!r} may write in a minute "
+            f"(max_bytes_per_minute {byte_quota}): make it smaller; nothing was written."
+        )
+    with cursors.cursor(connections[router.db_for_write(Agent)]) as cursor:
+        cursor.execute(
+            agent_queries["count_writes"],
+            {
+                "agent_id": agent.pk,
+                "count": count,
+                "quota": quota,
+                "bytes": size,
+                "byte_quota": byte_quota,
+            },
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise NotAuthenticated("Unknown token.")  # the agent was deleted since the request began
+    counted, bytes_fit, window_left = row
+    if counted:
+        return None
+    if not bytes_fit:
+        raise _throttled(
+            f"Agent {agent.name!r} would pass its quota of {byte_quota} bytes of JSON a minute "
+            f"(max_bytes_per_minute) with {size} more; nothing was written.",
+            window_left,
+        )
+    return float(window_left)
 
 
 def max_attempts(agent: Agent, given: int | None) -> int:

@@ -36,6 +36,7 @@ class Command(OperatorCommand):
         "manage.py todo_agent sqs-credentials triage-bot",
         "manage.py todo_agent create importer --create-queue github --max-creates-per-minute 60",
         "manage.py todo_agent limits triage-bot --max-held 10 --max-attempts default",
+        "manage.py todo_agent limits importer --max-bytes-per-minute 4194304",
     ]
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -149,8 +150,16 @@ QUOTAS = {
         "AGENT_MAX_ATTEMPTS",
         "the highest max_attempts it may give",
     ),
+    "--max-bytes-per-minute": (
+        "max_bytes_per_minute",
+        "AGENT_MAX_BYTES_PER_MINUTE",
+        "bytes of JSON it may write per minute",
+    ),
 }
 DEFAULT = "default"
+#: Quotas shown only where the agent has its own: the line of every agent would otherwise end in
+#: the same long number of bytes.
+SHOWN_WHEN_SET = {"max_bytes_per_minute"}
 
 
 def _quota_options(parser: ArgumentParser, kind: Callable[[str], int | None]) -> None:
@@ -184,6 +193,8 @@ def _quotas(agent: Agent) -> str:
     values = []
     for field, setting, _what in QUOTAS.values():
         own = getattr(agent, field)
+        if own is None and field in SHOWN_WHEN_SET:
+            continue
         shown = f"{getattr(conf, setting)} (default)" if own is None else str(own)
         values.append(f"{field} {shown}")
     return ", ".join(values)

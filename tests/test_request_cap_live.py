@@ -1,0 +1,206 @@
+"""The cap on an agent's requests in flight against the example project's ASGI application under
+uvicorn, as a hostile agent would meet it: 120 creates at once from one token, each of which,
+once admitted, queues on the agent's own row (held here by the test, as a long plan of the
+agent's would hold it), while another agent works.
+
+The server's connections are counted in pg_stat_activity by their application_name. Nothing
+here waits on the clock: the test holds the row until every refusal is in, so the creates that
+were admitted are still queueing when they are counted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import httpx
+import psycopg
+import pytest
+from django.db import connection, connections
+
+from switchboard_todos.agents import accounts, errors
+from switchboard_todos.models import Agent, State, Todo
+from tests import test_long_polls_live as live
+from tests.conftest import database_url
+from tests.test_long_polls_live import SERVER, http_poll, mcp_polls, sqs_poll
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: The example project's application under uvicorn, its connections named SERVER.
+start_server = live.start_server
+
+#: The flood: concurrent creates of the hostile agent.
+FLOOD = 120
+#: The cap of the flood's server, and its pool: the pool is far above the cap, so that what
+#: bounds the hostile agent's connections is the cap.
+CAP = 8
+POOL = 40
+#: Todos the calm agent claims and completes while the flood is held.
+CALM_TODOS = 20
+#: How long anything here may take before the test fails (never a measure: a bound on a hang).
+PATIENCE = 60.0
+
+
+def queued_on_locks() -> int:
+    """The server's connections waiting on a lock: the admitted creates, queueing on the row."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = %s AND wait_event_type = 'Lock'",
+            [SERVER],
+        )
+        count: int = cursor.fetchone()[0]
+    return count
+
+
+@contextmanager
+def row_held(agent: Agent) -> Iterator[None]:
+    """The agent's row locked as a create of its own locks it (count its creations), from a
+    connection of the test's own, until the block ends."""
+    with psycopg.connect(database_url()) as holder:
+        holder.execute("SELECT FROM todo_agents WHERE id = %s FOR NO KEY UPDATE", [agent.pk])
+        yield
+        holder.commit()
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + PATIENCE
+    while not condition():
+        assert time.monotonic() < deadline, f"still not {what} after {PATIENCE} s"
+        time.sleep(0.02)
+
+
+class Creates:
+    """`count` creates of one agent, each on a connection of its own, sent at once; each
+    answer's status, Retry-After and problem detail as it comes back."""
+
+    def __init__(self, base: str, token: str, count: int) -> None:
+        self.answers: list[tuple[int, str | None, str]] = []
+        self._lock = threading.Lock()
+        self._ready = threading.Barrier(count + 1)
+        self._threads = [
+            threading.Thread(target=self._create, args=(base, token)) for _ in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._ready.wait(PATIENCE)
+
+    def _create(self, base: str, token: str) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=base, headers=headers, timeout=PATIENCE * 2) as client:
+            self._ready.wait(PATIENCE)
+            answer = client.post("/api/todos/", json={"queue": "flood", "kind": "junk"})
+        detail = answer.json().get("detail", "") if answer.status_code >= 400 else ""
+        with self._lock:
+            self.answers.append((answer.status_code, answer.headers.get("Retry-After"), detail))
+
+    def answered(self) -> int:
+        with self._lock:
+            return len(self.answers)
+
+    def join(self) -> list[tuple[int, str | None, str]]:
+        for thread in self._threads:
+            thread.join(PATIENCE)
+        return self.answers
+
+
+def agents() -> tuple[Agent, str, str]:
+    """The hostile agent (creates in `flood`) and its token; the calm one's token, with a
+    backlog of its own in `work`."""
+    hostile, token = accounts.create_agent(
+        "hostile", claim_queues=["flood"], create_queues=["flood"]
+    )
+    calm = accounts.create_agent("calm", claim_queues=["work"])[1]
+    Todo.objects.enqueue_many({"queue": "work", "kind": "k"} for _ in range(CALM_TODOS))
+    connections.close_all()
+    return hostile, token, calm
+
+
+def seen_now(base: str, token: str) -> None:
+    """A request of the agent, so that its next ones do not mark it seen (a write on its row,
+    once a minute)."""
+    answer = httpx.get(f"{base}/api/todos/", headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 200, answer.text
+
+
+def calm_work(base: str, token: str) -> list[tuple[int, int]]:
+    """The calm agent claims and completes its todos one at a time; each claim's and
+    complete's status."""
+    statuses = []
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=f"{base}/api", headers=headers, timeout=PATIENCE) as client:
+        for _ in range(CALM_TODOS):
+            claimed = client.post("/claim/", json={"queues": ["work"], "ttl": 60})
+            todos = claimed.json()["todos"] if claimed.status_code == 200 else []
+            done = client.post(f"/todos/{todos[0]['id']}/complete/", json={}) if todos else None
+            statuses.append((claimed.status_code, done.status_code if done else 0))
+    return statuses
+
+
+def test_a_flood_of_creates_holds_at_most_the_cap_of_connections(
+    start_server: Callable[..., str],
+) -> None:
+    """120 creates of one token at once, each admitted one queueing on the agent's row: CAP are
+    admitted and queue, each holding a connection; the other 112 are told to slow down at
+    once; the calm agent claims and completes every one of its todos meanwhile."""
+    hostile, token, calm = agents()
+    base = start_server(
+        DATABASE_POOL_SIZE=str(POOL), SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT=str(CAP)
+    )
+    seen_now(base, token)
+    queued: list[int] = []
+    with row_held(hostile):
+        flood = Creates(base, token, FLOOD)
+        calm_statuses: list[list[tuple[int, int]]] = []
+        calm_agent = threading.Thread(target=lambda: calm_statuses.append(calm_work(base, calm)))
+        calm_agent.start()
+
+        def refused_and_counted() -> bool:
+            queued.append(queued_on_locks())
+            return flood.answered() == FLOOD - CAP and queued[-1] == CAP
+
+        until(refused_and_counted, f"{FLOOD - CAP} refused and {CAP} queueing")
+        calm_agent.join(PATIENCE)
+        assert flood.answered() == FLOOD - CAP  # the admitted ones still queue
+        queued.append(queued_on_locks())
+    answers = flood.join()
+    assert max(queued) == CAP, queued
+    assert calm_statuses == [[(200, 200)] * CALM_TODOS]
+    assert Counter(status for status, _, _ in answers) == {429: FLOOD - CAP, 201: CAP}
+    refusals = [(wait, detail) for status, wait, detail in answers if status == 429]
+    assert {wait for wait, _ in refusals} == {"1"}
+    assert all("requests in flight" in detail for _, detail in refusals), refusals[0]
+    assert Todo.objects.filter(queue="flood").count() == CAP
+    assert Todo.objects.filter(queue="work", state=State.DONE).count() == CALM_TODOS
+
+
+def test_past_the_cap_each_surface_answers_in_its_own_words(
+    start_server: Callable[..., str],
+) -> None:
+    """With its cap of requests in flight taken by creates queueing on its row, the agent's next
+    request is refused on every surface: the API's 429 problem (a route of Django's, and one
+    answered in front of it), SQS's RequestThrottled, an MCP tool error; nothing is claimed."""
+    hostile, token, _ = agents()
+    Todo.objects.create_todo(queue="flood", kind="k")
+    connections.close_all()
+    base = start_server(SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT="2")
+    seen_now(base, token)
+    with row_held(hostile):
+        creates = Creates(base, token, 2)
+        until(lambda: queued_on_locks() == 2, "2 creates queueing")
+        listed = httpx.get(f"{base}/api/todos/", headers={"Authorization": f"Bearer {token}"})
+        probes = [
+            http_poll(base, token, "flood", 0),
+            sqs_poll(base, hostile, "flood", 0, ready=lambda: None),
+            *mcp_polls(base, token, "flood", 0, 1, ready=lambda: None),
+        ]
+        assert creates.answered() == 0
+    assert [status for status, _, _ in creates.join()] == [201, 201]
+    assert listed.status_code == 429 and listed.headers["Retry-After"] == "1"
+    assert listed.json()["type"] == errors.THROTTLED.type
+    assert "requests in flight" in listed.json()["detail"]
+    assert probes == [("throttled", [])] * 3
+    assert Todo.objects.filter(queue="flood", state=State.PENDING).count() == 3
