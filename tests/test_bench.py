@@ -53,6 +53,12 @@ ROWS = {
         "hostile agent (long polls): claim p99",
         "hostile agent (long polls, creates, fails): 1 agent claim + complete",
         "hostile agent (long polls, creates, fails): claim p99",
+        "hostile agent (children on shared parents): 1 agent claim + complete",
+        "hostile agent (children on shared parents): claim p99",
+        "hostile agent (refused plans): 1 agent claim + complete",
+        "hostile agent (refused plans): claim p99",
+        "hostile agent (concurrent creates): 1 agent claim + complete",
+        "hostile agent (concurrent creates): claim p99",
     ],
     "sqs_clients": ["Celery tasks over SQS", "dramatiq tasks over SQS"],
     "queue_limits": [
