@@ -124,7 +124,7 @@ class Creating(Machinery):
             set(missed),
             dict(zip(scheduled or (), next_retry_at or (), strict=True)),
         )
-        held = self._key_holders([params for todo_id, params in sent if todo_id in missed])
+        held = self.key_holders([params for todo_id, params in sent if todo_id in missed])
         self._signal(
             "create_many",
             lambda: [(todo, True) for todo in made.values()] + [(todo, False) for todo in held],
@@ -144,12 +144,17 @@ class Creating(Machinery):
             results.append((live[key], False))
         return results
 
-    def _key_holders(self, batch: list[dict[str, Any]]) -> list[Todo]:
-        """The live todos that hold the idempotency keys of `batch` (one query, none for an
-        empty batch): those of the rows create_many did not insert."""
-        if not batch:
+    def key_holders(self, batch: Iterable[Mapping[str, Any]]) -> list[Todo]:
+        """The live todos that hold the idempotency keys of `batch` (create_todo arguments, with
+        their keys as stored): one query, none when no row has a key. What create_many returns
+        for the rows it did not insert, and what a plan checks before it writes anything."""
+        wanted = {
+            (params["queue"], params["idempotency_key"])
+            for params in batch
+            if params["idempotency_key"] is not None
+        }
+        if not wanted:
             return []
-        wanted = {(params["queue"], params["idempotency_key"]) for params in batch}
         found = self.filter(
             queue__in={queue for queue, _ in wanted},
             idempotency_key__in={key for _, key in wanted},

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import router, transaction
 
-from switchboard_todos import endings, graphs, placement, validation
+from switchboard_todos import graphs, placement, validation
 from switchboard_todos.agents.service import quotas, visibility
 from switchboard_todos.agents.service.twins import twin
 from switchboard_todos.exceptions import (
@@ -231,18 +231,8 @@ def _refuse_held_keys(checked: list[dict[str, Any]], specs: list[Mapping[str, An
     idempotency keys but not all (all of them, it answers those todos): one read, before the
     create's statement would insert the plan, lock its parents and roll back."""
     keys = [(spec["queue"], spec["idempotency_key"]) for spec in checked]
-    wanted = [key for key in keys if key[1] is not None]
-    if not wanted:
-        return
-    held = set(
-        Todo.objects.using(placement.database_for(wanted[0][0]))
-        .filter(
-            queue__in={queue for queue, _ in wanted},
-            idempotency_key__in={key for _, key in wanted},
-        )
-        .exclude(state__in=endings.ENDED)
-        .values_list("queue", "idempotency_key")
-    )
+    holders = Todo.objects.db_manager(placement.database_for(keys[0][0])).key_holders(checked)
+    held = {(todo.queue, todo.idempotency_key) for todo in holders}
     taken = [
         spec.get("idempotency_key") for key, spec in zip(keys, specs, strict=True) if key in held
     ]
