@@ -55,8 +55,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: OPTIONS and their defaults; a `max_attempts` of None leaves it to each task's queue (Queue),
-#: else DEFAULT_MAX_ATTEMPTS.
-OPTIONS: dict[str, int | None] = {"max_attempts": None}
+#: else DEFAULT_MAX_ATTEMPTS. A `fair_key` makes the backend's tasks one tenant of their queues,
+#: which takes turns with the others at the claims (docs/queues.md, fairness).
+OPTIONS: dict[str, int | str | None] = {"max_attempts": None, "fair_key": None}
 
 STATUS = {
     State.PENDING: TaskResultStatus.READY,
@@ -122,6 +123,7 @@ class TodoBackend(BaseTaskBackend):
             payload=payload,
             max_attempts=self.options.get("max_attempts", OPTIONS["max_attempts"]),
             priority=task.priority,
+            fair_key=self.options.get("fair_key", OPTIONS["fair_key"]),
             run_after=run_after,
         )
         result = cast("TaskResult[P, R]", task_result(todo, _rebuilt(task, run_after=run_after)))
@@ -185,6 +187,18 @@ class TodoBackend(BaseTaskBackend):
                         f"the queue's default (else {DEFAULT_MAX_ATTEMPTS})."
                     ),
                     id="switchboard_todos.E103",
+                )
+            )
+        fair_key = self.options.get("fair_key", OPTIONS["fair_key"])
+        try:
+            if fair_key is not None:
+                validation.fair_key(fair_key)
+        except InvalidTodo as error:
+            errors.append(
+                checks.Error(
+                    f"{where}['OPTIONS']['fair_key']: {error}",
+                    hint="The tenant this backend's tasks count for, or None for none.",
+                    id="switchboard_todos.E105",
                 )
             )
         for queue in sorted(self.queues):

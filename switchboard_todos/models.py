@@ -165,6 +165,13 @@ class Todo(models.Model):
     priority = models.SmallIntegerField(db_default=0)
     # While a todo with a key is claimed, no other todo with that key (in any queue) is.
     concurrency_key = models.TextField(null=True, blank=True)
+    # The tenant whose share it is (docs/queues.md, fairness): within a priority, the keys of a
+    # queue take turns. None: the one lane of the todos without a key.
+    fair_key = models.TextField(null=True, blank=True)
+    # Its turn, the order of claims within a priority: its creation time without a fair key;
+    # with one, the queue's head or one step (FAIR_STEP) after its key's last pending todo,
+    # whichever is later (start-time fair queuing, sql/shared.sql fair_turn).
+    fair_at = models.DateTimeField(db_default=_now(), editable=False)
     # The slot (1 to the limit) a claimed todo of a queue with a concurrency limit holds: one
     # claimed todo per slot (idx_todos_slot) keeps the queue to its limit.
     slot = models.SmallIntegerField(null=True, blank=True, editable=False)
@@ -236,14 +243,23 @@ class Todo(models.Model):
         ]
         indexes = [
             # The claim scan: one index scan per queue, stopping at the first unlocked row, in
-            # priority order, then oldest first. The seed's index, narrowed to todos not waiting
-            # for a retry, so that a backlog of retries is never walked past to find ready work.
+            # priority order, then turn (fair_at: creation time without a fair key). The seed's
+            # index, narrowed to todos not waiting for a retry, so that a backlog of retries is
+            # never walked past to find ready work.
             models.Index(
                 F("queue"),
                 F("priority").desc(),
-                F("created_at"),
+                F("fair_at"),
                 condition=Q(state=State.PENDING, next_retry_at__isnull=True),
                 name="idx_todos_pending",
+            ),
+            # A fair key's last pending todo at a queue and priority, read by each create with a
+            # key (its turn comes after it); and the keys waiting, for the operators' pages.
+            # Todos without a key are not in it, and cost it nothing.
+            models.Index(
+                fields=["queue", "priority", "fair_key", "fair_at"],
+                condition=Q(state=State.PENDING, fair_key__isnull=False),
+                name="idx_todos_lane",
             ),
             # The claim scan's other branch: retries and scheduled todos, in the order they are due.
             # A concurrency key's ready todos in claim order: the claim takes only the first.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
 from django.db.models import Exists, F, OuterRef, Q
-from django.db.models.functions import Now
+from django.db.models.functions import Greatest, Now
 from django.db.models.query import ModelIterable
 
 from switchboard_todos.exceptions import InvalidTodo
@@ -97,12 +97,24 @@ class TodoQuerySet(models.QuerySet["Todo"]):
         mine = self.filter(Q(assignee__isnull=True) | Q(assignee=owner)).filter(
             Q(concurrency_key__isnull=True) | ~key_held
         )
+        # Each kind's condition, the column its index is in order of, and the time it ranks
+        # at: a ready todo at its turn, the others at their turn or when they became
+        # claimable, whichever is later (claim_next in sql/claiming.sql).
         kinds = {
-            "ready": (Q(state=State.PENDING, next_retry_at__isnull=True), "created_at"),
-            "due": (Q(state=State.PENDING, next_retry_at__lte=now), "next_retry_at"),
+            "ready": (
+                Q(state=State.PENDING, next_retry_at__isnull=True),
+                "fair_at",
+                F("fair_at"),
+            ),
+            "due": (
+                Q(state=State.PENDING, next_retry_at__lte=now),
+                "next_retry_at",
+                Greatest("fair_at", "next_retry_at"),
+            ),
             "lapsed": (
                 Q(state=State.CLAIMED, lease_expires_at__lte=now, attempt__lt=F("max_attempts")),
                 "lease_expires_at",
+                Greatest("fair_at", "lease_expires_at"),
             ),
         }
         connection = connections[self.db]
@@ -113,11 +125,11 @@ class TodoQuerySet(models.QuerySet["Todo"]):
         # connection); inside the caller's, a savepoint would cost two round trips.
         outside = connection.get_autocommit()
         with transaction.atomic(using=self.db) if outside else nullcontext():
-            for name, (claimable, since) in kinds.items():
+            for name, (claimable, since, ranked_at) in kinds.items():
                 order = ["-priority", since] if name == "ready" else [since]
                 scan = (
                     mine.filter(claimable)
-                    .annotate(claimable_at=F(since))
+                    .annotate(claimable_at=ranked_at)
                     .order_by(*order)
                     .values_list("id", "queue", "priority", "concurrency_key", "claimable_at")
                     .select_for_update(skip_locked=True, of=("self",))[:limit]

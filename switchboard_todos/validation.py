@@ -164,6 +164,11 @@ def concurrency_key(value: object) -> str:
     return text(value, "concurrency_key", IDEMPOTENCY_KEY_MAX_LENGTH, required=True)
 
 
+def fair_key(value: object) -> str:
+    """The tenant a todo counts for in fair claims: a non-blank str of at most 255 characters."""
+    return text(value, "fair_key", IDEMPOTENCY_KEY_MAX_LENGTH, required=True)
+
+
 def assignee(value: object) -> str | None:
     """None lets any owner claim; a name reserves the todo for that owner."""
     if value is None:
@@ -506,6 +511,7 @@ CREATION_DEFAULTS: dict[str, Any] = {
     "max_attempts": None,
     "priority": 0,
     "concurrency_key": None,
+    "fair_key": None,
     "event": None,
     "run_after": None,
     "after": None,
@@ -545,7 +551,7 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         get("event"),
         get("run_after"),
     )
-    waits_for, policy = get("after"), get("on_parent_failure", "cancel")
+    waits_for, policy, tenant = get("after"), get("on_parent_failure", "cancel"), get("fair_key")
     checked_policy = policy if policy == "cancel" else parent_failure(policy)
     if waits_for is not None and after is not None:
         raise InvalidTodo(
@@ -567,6 +573,7 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         ),
         "priority": rank if rank == 0 and type(rank) is int else priority(rank),
         "concurrency_key": None if one_at_a_time is None else concurrency_key(one_at_a_time),
+        "fair_key": None if tenant is None else fair_key(tenant),
         "event_id": None if given_event is None else event(given_event),
         "event_given_by_id": isinstance(given_event, str),
         "event_database": getattr(getattr(given_event, "_state", None), "db", None),

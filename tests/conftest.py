@@ -84,7 +84,8 @@ def make_todo(db: None) -> Callable[..., Todo]:
         if next_retry_in is not None:
             values["next_retry_at"] = TRANSACTION_NOW + next_retry_in
         if created_ago is not None:
-            values["created_at"] = TRANSACTION_NOW - created_ago
+            # A todo without a fair key takes its turn when it is created.
+            values["created_at"] = values["fair_at"] = TRANSACTION_NOW - created_ago
         todo = Todo.objects.create(**values)
         todo.refresh_from_db()
         return todo

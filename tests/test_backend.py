@@ -117,6 +117,14 @@ def test_max_attempts_comes_from_options() -> None:
 
 
 @pytest.mark.django_db
+@with_options(fair_key="bulk")
+def test_fair_key_comes_from_options() -> None:
+    """OPTIONS["fair_key"] makes the backend's tasks one tenant of their queues."""
+    result = tasks.add.enqueue(1, 2)
+    assert Todo.objects.get(pk=result.id).fair_key == "bulk"
+
+
+@pytest.mark.django_db
 def test_run_after_defers_the_todo() -> None:
     """An aware run_after becomes next_retry_at."""
     when = timezone.now() + timedelta(hours=1)
@@ -371,10 +379,13 @@ def test_check_accepts_good_settings() -> None:
         ({"OPTIONS": {"max_attempts": 0}}, "switchboard_todos.E103"),
         ({"OPTIONS": {"max_attempts": "3"}}, "switchboard_todos.E103"),
         ({"QUEUES": ["default", "no spaces please"]}, "switchboard_todos.E104"),
+        ({"OPTIONS": {"fair_key": " "}}, "switchboard_todos.E105"),
+        ({"OPTIONS": {"fair_key": 7}}, "switchboard_todos.E105"),
     ],
 )
 def test_check_reports_bad_settings(params: dict[str, Any], error_id: str) -> None:
-    """Unknown OPTIONS, a bad max_attempts, or a queue name todos refuse: one error each."""
+    """Unknown OPTIONS, a bad max_attempts or fair_key, or a queue name todos refuse: one
+    error each."""
     backend = TodoBackend("custom", {"BACKEND": "switchboard_todos.backends.TodoBackend", **params})
     assert [error.id for error in backend.check()] == [error_id]
 

@@ -229,8 +229,9 @@ def backlog(request: pytest.FixtureRequest, db: None, vacuumed: None) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            INSERT INTO todos (queue, kind, created_at, next_retry_at, priority)
+            INSERT INTO todos (queue, kind, created_at, fair_at, next_retry_at, priority)
             SELECT (ARRAY['a', 'b', 'c'])[1 + g %% 3], 'k', now() - g * interval '1 second',
+                   now() - g * interval '1 second',
                    CASE WHEN g %% 10 = 0 THEN now() + interval '1 hour' END,
                    CASE WHEN %s THEN g %% 201 - 100 ELSE 0 END
               FROM generate_series(1, 60000) AS g
@@ -398,6 +399,7 @@ def test_create_todo_conflict_target_matches_the_dedupe_index(db: None) -> None:
         "default_max_attempts": 5,
         "priority": 0,
         "concurrency_key": None,
+        "fair_key": None,
         "run_after": None,
         "notify": True,
     }

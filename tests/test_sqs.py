@@ -236,6 +236,34 @@ def test_deduplication_ids_and_dead_letters(connect: Callable[..., Client], agen
     assert sqs.receive_message(QueueUrl=queue).get("Messages", []) == []
 
 
+def test_message_groups_take_turns_as_in_sqs_fair_queues(
+    connect: Callable[..., Client], agent: Agent
+) -> None:
+    """A MessageGroupId is the message's tenant, the agent's own: a quiet group's message is
+    received ahead of another group's backlog, and comes back with its group."""
+    sqs = connect(agent)
+    queue = url(sqs)
+    for batch in range(3):
+        entries = [
+            {"Id": str(n), "MessageBody": f"row {batch}-{n}", "MessageGroupId": "import"}
+            for n in range(10)
+        ]
+        assert not sqs.send_message_batch(QueueUrl=queue, Entries=entries).get("Failed")
+    quiet = sqs.send_message(QueueUrl=queue, MessageBody="one", MessageGroupId="customer-42")
+    assert Todo.objects.get(pk=quiet["MessageId"]).fair_key == "agent:sqs-bot/customer-42"
+    received = sqs.receive_message(
+        QueueUrl=queue, MaxNumberOfMessages=2, AttributeNames=["MessageGroupId"]
+    )["Messages"]
+    groups = {message["MessageId"]: message["Attributes"]["MessageGroupId"] for message in received}
+    assert groups[quiet["MessageId"]] == "customer-42"
+    assert sorted(groups.values()) == ["customer-42", "import"]
+    plain = sqs.send_message(QueueUrl=queue, MessageBody="no group")
+    assert Todo.objects.get(pk=plain["MessageId"]).fair_key == "agent:sqs-bot"
+    with pytest.raises(ClientError) as refused:
+        sqs.send_message(QueueUrl=queue, MessageBody="x", MessageGroupId="has space")
+    assert code(refused) == "InvalidParameterValue"
+
+
 def test_credentials_and_grants_are_checked(connect: Callable[..., Client], agent: Agent) -> None:
     with pytest.raises(ClientError) as error:
         connect(agent, secret="x" * 40).list_queues()

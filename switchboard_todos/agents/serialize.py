@@ -34,6 +34,7 @@ class TodoJSON(TypedDict):
     max_attempts: int
     priority: int
     concurrency_key: str | None
+    fair_key: str | None
     lease_expires_at: str | None
     next_retry_at: str | None
     created_at: str | None
@@ -85,6 +86,9 @@ def _shaped(todo: Todo, parent_results: dict[str, Any] | None) -> TodoJSON:
         "max_attempts": todo.max_attempts,
         "priority": todo.priority,
         "concurrency_key": key_as_given(todo, todo.concurrency_key),
+        # The tenant it counts for: as the agent gave it, or None for the agent's own (the
+        # default of a todo an agent creates).
+        "fair_key": None if todo.fair_key == todo.source else key_as_given(todo, todo.fair_key),
         "lease_expires_at": _time(todo.lease_expires_at),
         "next_retry_at": _time(todo.next_retry_at),
         "created_at": _time(todo.created_at),

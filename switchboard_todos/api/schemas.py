@@ -307,6 +307,11 @@ class CreateIn(Request):
         default=None,
         description="While a todo with this key is claimed, no other todo with it is.",
     )
+    fair_key: Key | None = Field(
+        default=None,
+        description="The tenant it counts for: within a priority, the tenants of a queue take "
+        "turns at its claims. Default: you (each of your keys is a tenant of its own).",
+    )
     after: list[TodoId] | None = _after(
         "Ids of todos you may see that this one waits for: it is claimable once each is done, "
         "and reads their results in `parent_results`. Not with run_after."

@@ -1,15 +1,15 @@
 """The claim's low-water marks: where each queue's scans of ready todos may start.
 
 Claimed and completed todos leave dead entries at the head of each priority's range of
-`idx_todos_pending` (queue, priority, created_at), in front of its oldest ready todo. Vacuum
+`idx_todos_pending` (queue, priority, fair_at), in front of its first ready todo. Vacuum
 removes them, unless another session holds an old snapshot (a report, `pg_dump`, a
 transaction left open): then every claim steps over all of them, and visits each one's row in
 the table, so its cost grows with the snapshot's age. A claim that starts a priority's scan at
-its mark (the `created_at` of the oldest ready todo this process last claimed at that queue
+its mark (the turn, `fair_at`, of the first ready todo this process last claimed at that queue
 and priority, less MARK_SLACK) skips them: the B-tree seeks straight to (queue, priority,
 mark). The priorities a process has no mark for are scanned from the queue's lowest mark,
 those above its highest marked priority first and those below its lowest last, checking
-`created_at` inside the index (dead entries cost a comparison, not a row visit); the scans run
+`fair_at` inside the index (dead entries cost a comparison, not a row visit); the scans run
 in priority order and stop once the claim has its limit. Measured in docs/operating.md,
 section 9.
 
@@ -17,7 +17,7 @@ The claim's scan for expired leases (idx_todos_lease) meets the same dead entrie
 claim and heartbeat, at the head of that index: it runs only in full scans, and the reaper
 takes expired leases back meanwhile.
 
-A ready todo can sit behind the mark: one requeued or created with an old `created_at`, one
+A ready todo can sit behind the mark: one requeued or created with an old turn, one
 whose concurrency key was held, a lower-priority one passed over while higher ones were
 claimed, or one at a priority between two marked ones that this process has not claimed at
 yet (a released todo is not: release makes it due now, found by the scan of due todos).
@@ -39,8 +39,9 @@ from typing import Any, NamedTuple
 
 from switchboard_todos.cursors import array_literal
 
-#: How far below the oldest todo it claimed a queue's mark is set: todos committed a little
-#: out of created_at order (concurrent producers) stay in front of it.
+#: How far below the first turn it claimed a queue's mark is set: todos committed a little out
+#: of turn order (concurrent producers; a fair key's first todo, which takes the head's turn
+#: while claims move on: 1,000 turns of 1 ms) stay in front of it.
 MARK_SLACK = timedelta(seconds=1)
 #: At most this many seconds between claims of this process that scan from the heads.
 FULL_SCAN_EVERY = 10.0
@@ -115,16 +116,16 @@ class Marks:
         return found._replace(full_scan=full)
 
     def claimed(self, alias: str, todos: Iterable[tuple[str, int, datetime | None]]) -> None:
-        """Move the mark of each (queue, priority) claimed from to the oldest todo just claimed
+        """Move the mark of each (queue, priority) claimed from to the first turn just claimed
         there, less MARK_SLACK."""
         oldest: dict[tuple[str, int], datetime] = {}
-        for queue, priority, created_at in todos:
+        for queue, priority, turn in todos:
             key = (queue, priority)
-            if created_at is not None and (key not in oldest or created_at < oldest[key]):
-                oldest[key] = created_at
+            if turn is not None and (key not in oldest or turn < oldest[key]):
+                oldest[key] = turn
         with self._lock:
-            for (queue, priority), created_at in oldest.items():
-                self._marks.setdefault((alias, queue), {})[priority] = created_at - MARK_SLACK
+            for (queue, priority), turn in oldest.items():
+                self._marks.setdefault((alias, queue), {})[priority] = turn - MARK_SLACK
 
     def forget(self) -> None:
         """Drop every mark: the next claims scan from the head (tests, a truncated table)."""

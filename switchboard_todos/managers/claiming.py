@@ -190,21 +190,14 @@ class Claiming(Machinery):
         }
         for _ in range(KEY_RACE_TRIES):
             try:
-                rows = self._run("claim_next", params, extra="claimable_at")
+                rows = self._run("claim_next", params, extra="ready_turn")
             except IntegrityError as error:
                 if not self._lost_key_race(error):
                     raise
                 continue
-            # Ready todos only (claimable since created): a due retry or an expired lease says
-            # nothing of where the ready ones begin.
-            marks.claimed(
-                alias,
-                (
-                    (todo.queue, todo.priority, todo.created_at)
-                    for todo, at in rows
-                    if at == todo.created_at
-                ),
-            )
+            # The turns of ready todos only: a due retry or an expired lease says nothing of
+            # where the ready ones begin.
+            marks.claimed(alias, ((todo.queue, todo.priority, turn) for todo, turn in rows if turn))
             return [todo for todo, _ in rows]
         return []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,9 @@ from switchboard_todos.managers.machinery import Machinery, async_twin
 from switchboard_todos.managers.rows import instances, parsed
 from switchboard_todos.sql import queries
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, State
+
+#: The step between two turns of one fair key (fair_turn in sql/shared.sql).
+FAIR_STEP = timedelta(milliseconds=1)
 
 if TYPE_CHECKING:
     from switchboard_todos.models import Event, Todo
@@ -40,6 +43,7 @@ class Creating(Machinery):
         max_attempts: int | None = None,
         priority: int = 0,
         concurrency_key: str | None = None,
+        fair_key: str | None = None,
         event: Event | str | None = None,
         run_after: datetime | None = None,
         after: Iterable[str] | None = None,
@@ -51,7 +55,9 @@ class Creating(Machinery):
         `max_attempts`, the todo gets its queue's default (Queue), else DEFAULT_MAX_ATTEMPTS. With
         `after` (todo ids), the todo waits: it is claimable once each of them is done, and when
         one ends as a dead letter it is cancelled too, or (`on_parent_failure="run_anyway"`)
-        no longer waits for that one (docs/dependencies.md).
+        no longer waits for that one (docs/dependencies.md). Within a priority, the `fair_key`s
+        of a queue take turns at its claims: one tenant's backlog does not hold up the others'
+        todos (docs/queues.md, fairness); todos without one share one lane.
         """
         spec = {
             "queue": queue,
@@ -64,6 +70,7 @@ class Creating(Machinery):
             "max_attempts": max_attempts,
             "priority": priority,
             "concurrency_key": concurrency_key,
+            "fair_key": fair_key,
             "event": event,
             "run_after": run_after,
             "after": after,
@@ -116,13 +123,14 @@ class Creating(Machinery):
         }
         with self._cursor() as cursor:
             cursor.execute(queries["create_many"], columns)
-            ((now, defaults, missed, scheduled, next_retry_at),) = cursor.fetchall()
+            ((now, defaults, missed, scheduled, next_retry_at, keyed, turns),) = cursor.fetchall()
         made = self._new_todos(
             sent,
             now,
             json.loads(defaults or "{}"),
             set(missed),
             dict(zip(scheduled or (), next_retry_at or (), strict=True)),
+            dict(zip(keyed or (), turns or (), strict=True)),
         )
         held = self.key_holders([params for todo_id, params in sent if todo_id in missed])
         self._signal(
@@ -168,11 +176,13 @@ class Creating(Machinery):
         defaults: Mapping[str, int],
         missed: set[str],
         scheduled: Mapping[str, datetime],
+        turns: Mapping[str, datetime],
     ) -> dict[str, Todo]:
         """The todos create_many inserted, by id, built from what it sent (`sent`: each id
         with its validated parameters) and what its answer says the database decided: `now`,
         the queues' default max_attempts (`defaults`), the ids of the rows it did not insert
-        (`missed`), and the next_retry_at of those inserted with one (`scheduled`)."""
+        (`missed`), the next_retry_at of those inserted with one (`scheduled`), and the turns
+        of those with a fair key (`turns`; the others' is `now`)."""
         new = self._new_layout
         layout = new.layout
         connection = connections[self._db_alias]
@@ -193,6 +203,7 @@ class Creating(Machinery):
             )
             values[new.next_retry_at] = scheduled.get(todo_id)
             values[new.created_at] = values[new.updated_at] = now
+            values[new.fair_at] = turns.get(todo_id, now)
             made[todo_id] = build(parsed(values, layout, connection))
         return made
 
@@ -279,7 +290,7 @@ class Creating(Machinery):
         """Run `enqueue_many` with validated rows, all of this manager's database."""
         if not rows:
             return 0
-        rows = self._with_queue_max_attempts(rows)
+        rows = self._with_turns(self._with_queue_max_attempts(rows))
         # Columns at their database default in every row are left to the default, as a
         # hand-written COPY would: the fewer columns, the less to send and to parse.
         columns = [
@@ -323,6 +334,31 @@ class Creating(Machinery):
             else {**row, "max_attempts": defaults.get(row["queue"], DEFAULT_MAX_ATTEMPTS)}
             for row in rows
         ]
+
+    def _with_turns(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`rows`, each with its turn (fair_at): None (the column's default, the creation time)
+        for all when none has a fair key; else each key's rows one step (1 ms) apart from its
+        key's turn (fair_turns: one query for the batch), and the others at the database's now.
+        """
+        lanes = sorted({(r["queue"], r["priority"], r["fair_key"]) for r in rows if r["fair_key"]})
+        if not lanes:
+            return [{**row, "fair_at": None} for row in rows]
+        queues, priorities, keys = (list(column) for column in zip(*lanes, strict=True))
+        with self._cursor() as cursor:
+            cursor.execute(
+                queries["fair_turns"], {"queues": queues, "priorities": priorities, "keys": keys}
+            )
+            found = cursor.fetchall()
+        now = found[0][0]
+        turns = {(queue, priority, key): start for _now, queue, priority, key, start in found}
+        turned = []
+        for row in rows:
+            lane = (row["queue"], row["priority"], row["fair_key"])
+            turn = turns.get(lane)
+            if turn is not None:
+                turns[lane] = turn + FAIR_STEP
+            turned.append({**row, "fair_at": now if turn is None else turn})
+        return turned
 
     def tick_schedule(
         self,
@@ -423,6 +459,7 @@ def _batch_rows(
             p["priority"],
             p["concurrency_key"],
             None if p["run_after"] is None else p["run_after"].astimezone(UTC).isoformat(),
+            p["fair_key"],
         ]
         for todo_id, p in zip(ids, batch, strict=True)
     ]
@@ -449,5 +486,7 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
     "max_attempts": ("max_attempts", DEFAULT_MAX_ATTEMPTS),
     "priority": ("priority", 0),
     "concurrency_key": ("concurrency_key", None),
+    "fair_key": ("fair_key", None),
+    "fair_at": ("fair_at", None),
     "run_after": ("next_retry_at", None),
 }

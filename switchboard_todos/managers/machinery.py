@@ -137,7 +137,13 @@ class Machinery(_TodoManagerBase["Todo"]):
             [fresh_value(field) for field in fields],
             *(
                 places[attname]
-                for attname in ("max_attempts", "next_retry_at", "created_at", "updated_at")
+                for attname in (
+                    "max_attempts",
+                    "next_retry_at",
+                    "created_at",
+                    "updated_at",
+                    "fair_at",
+                )
             ),
         )
 

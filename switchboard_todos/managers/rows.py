@@ -52,6 +52,7 @@ class NewLayout(NamedTuple):
     next_retry_at: int
     created_at: int
     updated_at: int
+    fair_at: int
 
 
 def instances(model: type[Todo], alias: str, attnames: list[str]) -> Callable[[list[Any]], Todo]:

@@ -110,6 +110,11 @@ class PlannedTodo(BaseModel):
     concurrency_key: str | None = Field(
         default=None, description="One at a time per key: no two todos with it claimed at once."
     )
+    fair_key: str | None = Field(
+        default=None,
+        description="The tenant it counts for: the tenants of a queue take turns at its claims. "
+        "Default: you.",
+    )
     run_after: str | None = Field(
         default=None,
         description="Not claimable before this time (ISO 8601 with a time zone); not with after.",
@@ -363,6 +368,14 @@ class Tools:
                 "other todo with it is (e.g. one agent per repository)."
             ),
         ] = None,
+        fair_key: Annotated[
+            str | None,
+            Field(
+                description="The tenant this todo counts for (e.g. the customer it serves): the "
+                "tenants of a queue take turns at its claims, so one's backlog does not hold up "
+                "the others. Default: you."
+            ),
+        ] = None,
         after: Annotated[
             list[str] | None,
             Field(
@@ -401,6 +414,7 @@ class Tools:
                 max_attempts=max_attempts,
                 priority=priority,
                 concurrency_key=concurrency_key,
+                fair_key=fair_key,
                 after=after,
                 on_parent_failure=on_parent_failure,
             )

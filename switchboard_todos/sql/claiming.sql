@@ -149,17 +149,18 @@ UPDATE todo_queues AS settings
 
 -- fragment: ready_scan(queue, priorities, mark)
 -- claim_next's scan of the ready todos of `queue` at the `priorities` (a condition on the
--- column), from `mark` on: in claim order, each locked as it is read, under the constant
--- limit explained at claim_next. With a fixed priority, the B-tree seeks to the mark. A todo
+-- column), from the turn `mark` on: in claim order (priority, then turn), each locked as it is
+-- read, under the constant limit explained at claim_next. With a fixed priority, the B-tree
+-- seeks to the mark. A todo
 -- with a concurrency key is taken only if no ready todo with its key comes before it (higher
 -- priority, then older, then lower id): so the todos of one key are claimed in order, even
 -- while a concurrent claim holds the first one locked (idx_todos_key_order).
 SELECT * FROM (
-    SELECT id, priority, concurrency_key, created_at
+    SELECT id, priority, concurrency_key, fair_at
       FROM todos
      WHERE state = 'pending' AND next_retry_at IS NULL
        AND queue = $queue AND $priorities
-       AND created_at >= $mark
+       AND fair_at >= $mark
        AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
        AND {{key_free(todos)}}
        AND (todos.concurrency_key IS NULL OR NOT EXISTS (
@@ -168,22 +169,26 @@ SELECT * FROM (
                    AND earlier.state = 'pending' AND earlier.next_retry_at IS NULL
                    AND (-earlier.priority, earlier.created_at, earlier.id)
                        < (-todos.priority, todos.created_at, todos.id)))
-     ORDER BY priority DESC, created_at
+     ORDER BY priority DESC, fair_at
      LIMIT 1000
        FOR UPDATE SKIP LOCKED
 ) AS scan
 
 -- name: claim_next
 -- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
--- priority first, then the longest-claimable. Each queue is its own index scan (in priority,
--- then created_at order) that stops at the first unlocked rows, so the cost does not grow with
--- the backlog; a plain "queue = ANY(...) ORDER BY" would sort the whole backlog. Retries that
--- fell due and expired leases come from their own scans, in the order they became claimable,
--- up to %(limit)s each; all candidates are then ranked by priority and claimable time. A todo
+-- priority first, then the earliest turn (fair_at: a todo's creation time without a fair key;
+-- with one, its key's turn, so that the keys take turns, fair_turn in shared.sql). Each queue
+-- is its own index scan (in priority, then turn order) that stops at the first unlocked rows,
+-- so the cost does not grow with the backlog, nor with the number of keys; a plain
+-- "queue = ANY(...) ORDER BY" would sort the whole backlog. Retries that fell due and expired
+-- leases come from their own scans, in the order they became claimable, up to %(limit)s each,
+-- and rank at their turn or when they became claimable, whichever is later; all candidates are
+-- then ranked by priority and that time. The answer's ready_turn is the turn of each todo
+-- taken from the ready scans (NULL for the others), from which the marks move. A todo
 -- whose concurrency key another claimed todo holds is passed over, and of candidates sharing a
 -- key only the first is taken, so one key is never claimed twice. The scan of a queue's ready
--- todos starts at low-water marks (claims/marks.py): each priority this process has claimed from,
--- %(group_priorities)s of %(group_queues)s, from its own mark, %(group_marks)s; the priorities
+-- todos starts at low-water marks of turns (claims/marks.py): each priority this process has
+-- claimed from, %(group_priorities)s of %(group_queues)s, from its own mark, %(group_marks)s; the priorities
 -- above %(tops)s and below %(bottoms)s from the queue's mark, %(marks)s (year 1: from the head
 -- of the index); in priority order, and only as far as the limit needs. Expired leases are
 -- looked for only when %(full_scan)s. A paused queue is not scanned at all, and a limited
@@ -201,7 +206,7 @@ SELECT * FROM (
 WITH room AS MATERIALIZED ({{room((SELECT %(queues)s::text[])::text[])}}),
 ready AS MATERIALIZED (
     SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
-           candidate.created_at AS claimable_at
+           candidate.fair_at AS claimable_at
       FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
                   (SELECT %(tops)s::int[]), (SELECT %(bottoms)s::int[]))
            AS wanted (queue, mark, top, bottom)
@@ -227,12 +232,12 @@ ready AS MATERIALIZED (
 ),
 due AS MATERIALIZED (
     SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
-           candidate.next_retry_at AS claimable_at
+           greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
       LEFT JOIN room ON room.queue = wanted.queue
      CROSS JOIN LATERAL (
             SELECT * FROM (
-                SELECT id, priority, concurrency_key, next_retry_at
+                SELECT id, priority, concurrency_key, next_retry_at, fair_at
                   FROM todos
                  WHERE state = 'pending' AND next_retry_at IS NOT NULL
                    AND queue = wanted.queue
@@ -248,7 +253,8 @@ due AS MATERIALIZED (
 ),
 expired AS MATERIALIZED (
     SELECT * FROM (
-        SELECT id, queue, priority, concurrency_key, lease_expires_at AS claimable_at
+        SELECT id, queue, priority, concurrency_key,
+               greatest(fair_at, lease_expires_at) AS claimable_at
           FROM todos
          WHERE (SELECT %(full_scan)s::bool) AND state = 'claimed'
            AND lease_expires_at <= now()
@@ -276,7 +282,9 @@ claimed AS (
     RETURNING todos.*
 ),
 counted AS ({{counted(claimed, slot, room)}})
-SELECT claimed.*, picked.claimable_at
+SELECT claimed.*,
+       CASE WHEN claimed.id IN (SELECT id FROM ready) THEN picked.claimable_at END
+           AS ready_turn
   FROM claimed JOIN picked ON picked.id = claimed.id
  ORDER BY picked.priority DESC, picked.claimable_at;
 

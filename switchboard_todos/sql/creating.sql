@@ -21,15 +21,16 @@ DO NOTHING
 -- fragment: inserted_columns
 -- What the "inserted" CTE of a create returns: the columns of created_columns, and the queue
 -- (its notification). Not `*`: the rest would be stored for the answer and never read.
-id, queue, max_attempts, next_retry_at, parents, waiting_for, on_parent_failure, children,
-created_at, updated_at
+id, queue, max_attempts, fair_at, next_retry_at, parents, waiting_for, on_parent_failure,
+children, created_at, updated_at
 
 -- fragment: todo_columns(todo)
 -- Every column of `todo`, in the model's order: what a statement returns when its branches must
 -- agree (created_then_held), which `*` (the table's physical order) does not promise.
 $todo.id, $todo.queue, $todo.source, $todo.kind, $todo.title, $todo.payload, $todo.event_id,
 $todo.idempotency_key, $todo.assignee, $todo.state, $todo.owner, $todo.lease_expires_at,
-$todo.attempt, $todo.max_attempts, $todo.priority, $todo.concurrency_key, $todo.slot,
+$todo.attempt, $todo.max_attempts, $todo.priority, $todo.concurrency_key, $todo.fair_key,
+$todo.fair_at, $todo.slot,
 $todo.next_retry_at, $todo.result, $todo.errors, $todo.errors_dropped, $todo.progress,
 $todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure, $todo.children,
 $todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
@@ -43,7 +44,8 @@ $todo.id, NULL::text AS queue, NULL::text AS source, NULL::text AS kind, NULL::t
 NULL::jsonb AS payload, NULL::text AS event_id, NULL::text AS idempotency_key,
 NULL::text AS assignee, NULL::text AS state, NULL::text AS owner,
 NULL::timestamptz AS lease_expires_at, NULL::int AS attempt, $todo.max_attempts,
-NULL::smallint AS priority, NULL::text AS concurrency_key, NULL::smallint AS slot,
+NULL::smallint AS priority, NULL::text AS concurrency_key, NULL::text AS fair_key,
+$todo.fair_at, NULL::smallint AS slot,
 $todo.next_retry_at, NULL::jsonb AS result, NULL::jsonb AS errors, NULL::int AS errors_dropped,
 NULL::jsonb AS progress, NULL::boolean AS awaited, $todo.parents, $todo.waiting_for,
 $todo.on_parent_failure, $todo.children, $todo.created_at, $todo.updated_at,
@@ -71,12 +73,12 @@ SELECT {{todo_columns(todos)}}, false AS created
    AND NOT EXISTS (SELECT FROM $inserted)
 
 -- fragment: batch_rows(given)
--- The FROM item of a batch of new todos, `given` (fields, payload): %(rows)s, a JSON array of
+-- The FROM item of a batch of new todos, `given` (fields, payload, n): %(rows)s, a JSON array of
 -- one array per todo of its column values (batch_columns), zipped with %(payloads)s, a JSON
--- array of their payloads. Two values, not an array per column: psycopg escapes each element of
--- an array in Python, which cost more than the insert itself.
+-- array of their payloads, and numbered (n, from 1). Two values, not an array per column:
+-- psycopg escapes each element of an array in Python, which cost more than the insert itself.
 ROWS FROM (jsonb_array_elements(%(rows)s::jsonb), jsonb_array_elements(%(payloads)s::jsonb))
-    AS $given (fields, payload)
+    WITH ORDINALITY AS $given (fields, payload, n)
 
 -- fragment: batch_columns(given)
 -- The columns of a new todo of batch_rows `given`, by their place in its array of values.
@@ -85,7 +87,30 @@ $given.fields ->> 3 AS kind, $given.fields ->> 4 AS title, $given.payload,
 $given.fields ->> 5 AS event_id, $given.fields ->> 6 AS idempotency_key,
 $given.fields ->> 7 AS assignee, ($given.fields ->> 8)::int AS max_attempts,
 ($given.fields ->> 9)::smallint AS priority, $given.fields ->> 10 AS concurrency_key,
-($given.fields ->> 11)::timestamptz AS run_after
+($given.fields ->> 11)::timestamptz AS run_after, $given.fields ->> 12 AS fair_key, $given.n
+
+-- fragment: batch_turns(batch)
+-- The body of the "turned" CTE of a batch: the turn (fair_at) of each row of `batch` that has a
+-- fair key. Each key's rows of the batch, in the batch's order, take steps of 1 ms from the
+-- key's turn (fair_turn), probed once per key, queue and priority.
+SELECT keyed.id,
+       lane.start + (row_number() OVER (PARTITION BY keyed.queue, keyed.priority, keyed.fair_key
+                                        ORDER BY keyed.n) - 1) * interval '1 millisecond'
+           AS fair_at
+  FROM $batch AS keyed
+  JOIN (SELECT wanted.queue, wanted.priority, wanted.fair_key,
+               {{fair_turn(wanted.queue, wanted.priority, wanted.fair_key)}} AS start
+          FROM (SELECT DISTINCT queue, priority, fair_key FROM $batch WHERE fair_key IS NOT NULL)
+               AS wanted
+       ) AS lane
+    ON lane.queue = keyed.queue AND lane.priority = keyed.priority
+   AND lane.fair_key = keyed.fair_key
+
+-- fragment: own_turn
+-- The turn (fair_at) of a new todo of create_todo's parameters: its creation time without a
+-- fair key, its key's turn with one (fair_turn).
+CASE WHEN %(fair_key)s::text IS NULL THEN now()
+     ELSE {{fair_turn(%(queue)s, %(priority)s::smallint, %(fair_key)s::text)}} END
 
 -- fragment: parents_locked(ids)
 -- The body of the "parent" CTE of a creation: the existing todos in `ids` (a text[]) a new todo
@@ -113,11 +138,12 @@ count(*) = cardinality($wanted) AND count(*) FILTER (WHERE $parent.state = 'fail
 -- Without %(max_attempts)s (NULL), the todo takes its queue's default (max_attempts_of).
 WITH inserted AS (
     INSERT INTO todos (queue, source, kind, title, payload, event_id, idempotency_key,
-                       assignee, max_attempts, priority, concurrency_key, next_retry_at)
+                       assignee, max_attempts, priority, concurrency_key, fair_key, fair_at,
+                       next_retry_at)
     VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
             %(idempotency_key)s, %(assignee)s,
             {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
-            %(priority)s, %(concurrency_key)s,
+            %(priority)s, %(concurrency_key)s, %(fair_key)s, {{own_turn}},
             CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
     {{unless_key_held}}
     RETURNING {{inserted_columns}}
@@ -144,12 +170,13 @@ waiting AS MATERIALIZED (
 ),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
-                       assignee, max_attempts, priority, concurrency_key, parents, waiting_for,
-                       on_parent_failure, next_retry_at)
+                       assignee, max_attempts, priority, concurrency_key, fair_key, fair_at,
+                       parents, waiting_for, on_parent_failure, next_retry_at)
     SELECT %(id)s, %(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
            %(idempotency_key)s, %(assignee)s,
            {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
-           %(priority)s, %(concurrency_key)s, %(parents)s::text[], waiting.count,
+           %(priority)s, %(concurrency_key)s, %(fair_key)s, {{own_turn}}, %(parents)s::text[],
+           waiting.count,
            %(on_parent_failure)s, CASE WHEN waiting.count > 0 THEN {{blocked}} END
       FROM waiting
     {{unless_key_held}}
@@ -186,17 +213,21 @@ defaults AS MATERIALIZED (
       FROM todo_queues AS settings
      WHERE settings.name IN (SELECT queue FROM batch WHERE max_attempts IS NULL)
 ),
+turned AS MATERIALIZED ({{batch_turns(batch)}}),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
-                       assignee, max_attempts, priority, concurrency_key, next_retry_at)
+                       assignee, max_attempts, priority, concurrency_key, fair_key, fair_at,
+                       next_retry_at)
     SELECT batch.id, batch.queue, source, kind, title, payload, event_id, idempotency_key,
            assignee,
            coalesce(batch.max_attempts, defaults.max_attempts, %(default_max_attempts)s::int),
-           priority, concurrency_key, CASE WHEN run_after > now() THEN run_after END
+           batch.priority, concurrency_key, batch.fair_key, coalesce(turned.fair_at, now()),
+           CASE WHEN run_after > now() THEN run_after END
       FROM batch
       LEFT JOIN defaults ON defaults.name = batch.queue
+      LEFT JOIN turned ON turned.id = batch.id
     {{unless_key_held}}
-    RETURNING id, queue, next_retry_at
+    RETURNING id, queue, next_retry_at, fair_key, fair_at
 ),
 notified AS (
     SELECT pg_notify('switchboard_todos', queue)
@@ -209,10 +240,13 @@ SELECT now() AS now,
                FROM batch
               WHERE idempotency_key IS NOT NULL
                 AND id NOT IN (SELECT id FROM inserted)) AS missed,
-       scheduled.ids AS scheduled, scheduled.next_retry_at
+       scheduled.ids AS scheduled, scheduled.next_retry_at, keyed.ids AS keyed, keyed.fair_at
   FROM (SELECT array_agg(id) AS ids, array_agg(next_retry_at) AS next_retry_at
           FROM inserted
-         WHERE next_retry_at IS NOT NULL) AS scheduled
+         WHERE next_retry_at IS NOT NULL) AS scheduled,
+       (SELECT array_agg(id) AS ids, array_agg(fair_at) AS fair_at
+          FROM inserted
+         WHERE fair_key IS NOT NULL) AS keyed
  WHERE (SELECT count(*) FROM notified) >= 0;
 
 -- name: create_graph
@@ -227,9 +261,9 @@ SELECT now() AS now,
 -- inserted (created, without what their creator gave) beside the live todos that hold the keys
 -- of those that were not (not created), whole.
 WITH batch AS (
-    SELECT {{batch_columns(given)}}, given.fields -> 12 AS parents,
-           (given.fields ->> 13)::int AS members_waited, given.fields -> 14 AS children,
-           given.fields ->> 15 AS policy
+    SELECT {{batch_columns(given)}}, given.fields -> 13 AS parents,
+           (given.fields ->> 14)::int AS members_waited, given.fields -> 15 AS children,
+           given.fields ->> 16 AS policy
       FROM {{batch_rows(given)}}
 ),
 parent AS MATERIALIZED ({{parents_locked(%(existing)s::text[])}}),
@@ -237,17 +271,20 @@ usable AS MATERIALIZED (
     SELECT {{usable(parent, %(existing)s::text[])}} AS ok
       FROM parent
 ),
+turned AS MATERIALIZED ({{batch_turns(batch)}}),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
-                       assignee, max_attempts, priority, concurrency_key, parents, waiting_for,
-                       on_parent_failure, children, next_retry_at)
+                       assignee, max_attempts, priority, concurrency_key, fair_key, fair_at,
+                       parents, waiting_for, on_parent_failure, children, next_retry_at)
     SELECT batch.id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
            {{max_attempts_of(batch.max_attempts, batch.queue)}}, priority, concurrency_key,
+           batch.fair_key, coalesce(turned.fair_at, now()),
            nullif(ARRAY(SELECT jsonb_array_elements_text(batch.parents)), '{}'),
            members_waited + waiting.existing, policy,
            nullif(ARRAY(SELECT jsonb_array_elements_text(batch.children)), '{}'),
            CASE WHEN members_waited + waiting.existing > 0 THEN {{blocked}} END
       FROM batch
+      LEFT JOIN turned ON turned.id = batch.id
      CROSS JOIN LATERAL (
             SELECT {{waited(parent)}} AS existing
               FROM parent
@@ -313,6 +350,15 @@ SELECT * FROM inserted WHERE (SELECT count(*) FROM notified) >= 0;
 SELECT name, max_attempts
   FROM todo_queues
  WHERE name = ANY (%(queues)s::text[]) AND max_attempts IS NOT NULL;
+
+-- name: fair_turns
+-- The turn (fair_turn) of each fair key %(keys)s at its queue %(queues)s and priority
+-- %(priorities)s, beside the database's now(): enqueue_many reads them before its COPY, which
+-- cannot look them up row by row, and numbers each key's rows from there.
+SELECT now(), wanted.queue, wanted.priority, wanted.fair_key,
+       {{fair_turn(wanted.queue, wanted.priority, wanted.fair_key)}} AS start
+  FROM unnest(%(queues)s::text[], %(priorities)s::smallint[], %(keys)s::text[])
+       AS wanted (queue, priority, fair_key);
 
 -- name: notify_queues
 -- Wake the workers of %(queues)s, on commit: enqueue_many's COPY cannot notify by itself.

@@ -113,8 +113,9 @@ SELECT id, false AS done
 
 -- name: fail
 -- Record a failed attempt: back to pending after a backoff below the cap, dead letter at it,
--- settling the todos that wait for it (lost, in shared.sql). %(delays)s is the backoff
--- schedule, one entry per attempt; the last entry repeats.
+-- settling the todos that wait for it (lost, in shared.sql). A retry with a fair key takes a
+-- new turn (fair_turn): behind the todos its key already has waiting, as a new one would.
+-- %(delays)s is the backoff schedule, one entry per attempt; the last entry repeats.
 WITH failed AS (
 UPDATE todos
    SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
@@ -123,6 +124,8 @@ UPDATE todos
                            make_interval(secs => (%(delays)s::float8[])[
                                least(attempt, cardinality(%(delays)s::float8[]))]))
                        END,
+       fair_at = CASE WHEN attempt < max_attempts AND fair_key IS NOT NULL
+                      THEN {{fair_turn(queue, priority, fair_key)}} ELSE fair_at END,
        owner = NULL,
        lease_expires_at = NULL,
        result = %(error)s::jsonb,
@@ -159,7 +162,7 @@ SELECT * FROM failed
 -- name: release
 -- Give the lease back without using up an attempt; claimable again after %(delay)s (zero: at
 -- once), as a due todo: behind work already waiting, found by the scan of due todos whatever
--- the claim's low-water marks.
+-- the claim's low-water marks. With a fair key, it takes a new turn, as a retry does (fail).
 WITH released AS (
 UPDATE todos
    SET state = 'pending',
@@ -167,6 +170,8 @@ UPDATE todos
        lease_expires_at = NULL,
        attempt = greatest(attempt - 1, 0),
        next_retry_at = now() + %(delay)s::interval,
+       fair_at = CASE WHEN fair_key IS NOT NULL THEN {{fair_turn(queue, priority, fair_key)}}
+                 ELSE fair_at END,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
 RETURNING *

@@ -55,6 +55,28 @@ now() + coalesce((SELECT %(ttl)s::interval),
                    WHERE settings.name = $todo.queue),
                  %(default_ttl)s::interval)
 
+-- fragment: fair_turn(queue, priority, fair_key)
+-- The turn (fair_at) of a todo of `fair_key` (not NULL) at `queue` and `priority`: start-time
+-- fair queuing (docs/queues.md, fairness). The queue's head at that priority (the turn of its
+-- first ready todo), or one step (FAIR_STEP, 1 ms) after the key's last pending todo there,
+-- whichever is later; now() for the first todo of an idle queue. So a key that was idle
+-- starts level with the head of the key that has a backlog, and each key's todos follow one
+-- step apart: within a priority, the keys take turns. Two index probes of one entry each, the
+-- head of idx_todos_pending and the tail of idx_todos_lane; todos without a key take their
+-- creation time instead, and pay neither.
+coalesce(greatest(
+    (SELECT head.fair_at FROM todos AS head
+      WHERE head.state = 'pending' AND head.next_retry_at IS NULL
+        AND head.queue = $queue AND head.priority = $priority
+      ORDER BY head.fair_at
+      LIMIT 1),
+    (SELECT lane.fair_at + interval '1 millisecond' FROM todos AS lane
+      WHERE lane.state = 'pending' AND lane.fair_key = $fair_key
+        AND lane.queue = $queue AND lane.priority = $priority
+      ORDER BY lane.fair_at DESC
+      LIMIT 1)),
+    now())
+
 -- fragment: cancelled_hold(todo)
 -- `todo` was cancelled by an operator while its owner held it: a dead letter whose result is
 -- the cancel's error and which, alone of the dead letters, keeps its owner (fail, the reaper

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,7 +30,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from switchboard_todos import faults, placement, validation
-from switchboard_todos.agents import errors, request_cap, service
+from switchboard_todos.agents import errors, request_cap, serialize, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
 from switchboard_todos.models import Agent, Todo
 from switchboard_todos.sqs import attributes, messages, queue_urls, signing, titles
@@ -41,6 +42,8 @@ CONTENT_TYPE = "application/x-amz-json-1.0"
 MAX_BODY = 1024 * 1024
 #: Most entries in a batch, as SQS.
 MAX_BATCH = 10
+#: A MessageGroupId, as SQS takes it: 1 to 128 letters, digits and punctuation.
+_MESSAGE_GROUP = re.compile(r"[\x21-\x7e]{1,128}")
 #: The legacy (query protocol) code of each error, as SQS sends it in x-amzn-query-error.
 LEGACY_CODES = {
     "QueueDoesNotExist": "AWS.SimpleQueueService.NonExistentQueue",
@@ -233,6 +236,12 @@ def _send(agent: Agent, queue: str, entry: dict[str, Any]) -> dict[str, Any]:
     delay = entry.get("DelaySeconds", 0)
     if type(delay) is not int or not 0 <= delay <= 900:
         raise SQSError("InvalidParameterValue", "DelaySeconds must be from 0 to 900.")
+    group = entry.get("MessageGroupId")
+    if group is not None and not (isinstance(group, str) and _MESSAGE_GROUP.fullmatch(group)):
+        raise SQSError(
+            "InvalidParameterValue",
+            "MessageGroupId must be 1 to 128 letters, digits or punctuation.",
+        )
     answer = {"MD5OfMessageBody": messages.md5_of_body(body)}
     if attributes:
         answer["MD5OfMessageAttributes"] = messages.md5_of_attributes(attributes)
@@ -243,6 +252,8 @@ def _send(agent: Agent, queue: str, entry: dict[str, Any]) -> dict[str, Any]:
         title=titles.title_of(body),
         payload={"body": body, "attributes": attributes},
         idempotency_key=entry.get("MessageDeduplicationId"),
+        # Its tenant, as in SQS's fair queues: the groups of a queue take turns at its receives.
+        fair_key=group,
         run_after=timezone.now() + timedelta(seconds=delay) if delay else None,
     )
     return {"MessageId": todo.id, **answer}
@@ -349,6 +360,9 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
         "SentTimestamp": str(_millis(todo.created_at)),
         "ApproximateFirstReceiveTimestamp": str(_millis(_first_claim(todo))),
     }
+    group = serialize.key_as_given(todo, todo.fair_key)
+    if todo.fair_key is not None and todo.fair_key != todo.source and group is not None:
+        system["MessageGroupId"] = group
     chosen = {name: value for name, value in system.items() if "All" in wanted or name in wanted}
     if chosen:
         message["Attributes"] = chosen

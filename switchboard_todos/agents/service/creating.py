@@ -55,12 +55,15 @@ def create_for(
     max_attempts: int | None = None,
     priority: int = 0,
     concurrency_key: str | None = None,
+    fair_key: str | None = None,
     after: Iterable[str] | None = None,
     on_parent_failure: str = "cancel",
 ) -> tuple[Todo, bool]:
     """Enqueue a todo in one of the agent's create queues; returns (todo, created).
 
-    Its source is `agent:<name>`, and its keys are the agent's own (`scoped_key`): an
+    Its source is `agent:<name>`, and its keys are the agent's own (`scoped_key`), its fair key
+    too: the agent is the tenant it counts for (`agent:<name>`, or `agent:<name>/<fair_key>`),
+    so it takes turns with the other tenants of the queue (docs/queues.md, fairness). An
     idempotency key held by a live todo the agent created in that queue returns that todo with
     created=False, or, when the agent may not see that todo, a TodoConflict naming none. Each
     call counts against the agent's creation quota (Throttled past it); `max_attempts` may not
@@ -83,6 +86,7 @@ def create_for(
             "max_attempts": max_attempts,
             "priority": priority,
             "concurrency_key": concurrency_key,
+            "fair_key": fair_key,
             "after": after,
             "on_parent_failure": on_parent_failure,
         },
@@ -149,7 +153,7 @@ def create_many_for(agent: Agent, *, todos: Iterable[Mapping[str, Any]]) -> list
 
 
 def scoped_key(agent: Agent, key: object, name: str) -> str | None:
-    """An idempotency or concurrency key as stored for the agent that gave it: its source, a
+    """An idempotency, concurrency or fair key as stored for the agent that gave it: its source, a
     slash (which no agent name has) and the key, `agent:<name>/<key>`; serialize.key_as_given
     shows it back as given.
 
@@ -163,8 +167,8 @@ def scoped_key(agent: Agent, key: object, name: str) -> str | None:
 
 def _creation(agent: Agent, spec: Mapping[str, Any]) -> dict[str, Any]:
     """create_todo's arguments for a todo the agent creates: in one of its create queues, its
-    source the agent, its keys scoped, its attempts within the agent's limit. The core checks
-    the rest."""
+    source the agent, its keys scoped (its fair key, the agent's own when it names none), its
+    attempts within the agent's limit. The core checks the rest."""
     unknown = spec.keys() - AGENT_CREATION
     if unknown:
         raise InvalidTodo(f"unknown arguments: {', '.join(sorted(map(repr, unknown)))}.")
@@ -180,6 +184,7 @@ def _creation(agent: Agent, spec: Mapping[str, Any]) -> dict[str, Any]:
         "source": _source(agent),
         "idempotency_key": scoped_key(agent, spec.get("idempotency_key"), "idempotency_key"),
         "concurrency_key": scoped_key(agent, spec.get("concurrency_key"), "concurrency_key"),
+        "fair_key": scoped_key(agent, spec.get("fair_key"), "fair_key") or _source(agent),
         "max_attempts": quotas.max_attempts(agent, spec.get("max_attempts")),
         "run_after": _moment(spec.get("run_after")),
         "after": None if after is None else validation.parents(after),
