@@ -22,8 +22,9 @@ def bloat_the_pending_index() -> None:
     """30,000 ready todos, all then claimed and done, vacuumed: the index keeps its pages."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO todos (kind, created_at) "
-            "SELECT 'k', now() - n * interval '1 millisecond' FROM generate_series(1, 30000) n"
+            "INSERT INTO todos (kind, created_at, fair_at) "
+            "SELECT 'k', now() - n * interval '1 millisecond', now() - n * interval '1 millisecond'"
+            " FROM generate_series(1, 30000) n"
         )
         cursor.execute("UPDATE todos SET state = 'done', completed_at = now()")
         cursor.execute("VACUUM todos")
