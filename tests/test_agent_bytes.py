@@ -226,8 +226,8 @@ def test_a_create_refused_for_a_key_it_may_not_see_counts() -> None:
 def test_a_plan_naming_a_dead_or_missing_parent_waits_for_no_parents_lock() -> None:
     """Another session holds a live parent's row locked: the plan naming it beside a dead letter
     (or an unknown id) is refused while that lock is still held, by the read that checks what
-    the agent may wait for. Refused there, it is not counted. The test's connection gives up on
-    any lock wait after 5 s (a failure, not a pause)."""
+    the agent may wait for. Refused there, it is counted: the database read for it. The test's
+    connection gives up on any lock wait after 5 s (a failure, not a pause)."""
     agent = writer("w")[0]
     live, dead = (Todo.objects.create_todo(queue="work", kind="k")[0] for _ in range(2))
     Todo.objects.filter(pk=dead.pk).update(state=State.FAILED)
@@ -261,7 +261,7 @@ def test_a_plan_naming_a_dead_or_missing_parent_waits_for_no_parents_lock() -> N
         == refusals[1]
         == (f"after: todo {dead.id!r} is a dead letter; requeue it before waiting for it.")
     )
-    assert created(agent) == 0 and Todo.objects.count() == 2
+    assert created(agent) == 3 and Todo.objects.count() == 2
 
 
 # Each surface: 429 and Retry-After, SQS's throttling error, an MCP tool error

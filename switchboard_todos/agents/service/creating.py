@@ -92,9 +92,9 @@ def create_for(
         },
     )
     stored = validation.creation(spec)["payload"]  # bad input is refused before anything else
-    if spec["after"] is not None:
-        _check_parents(agent, {placement.database_for(spec["queue"]): spec["after"]})
     with _counted(agent, 1, validation.json_bytes(stored)):
+        if spec["after"] is not None:
+            _check_parents(agent, {placement.database_for(spec["queue"]): spec["after"]})
         todo, created = Todo.objects.create_todo(**{**spec, "payload": validation.JsonText(stored)})
         if not created and not visibility.sees(agent, todo):
             raise _hidden_twin(idempotency_key, spec["queue"])
@@ -136,13 +136,13 @@ def create_many_for(agent: Agent, *, todos: Iterable[Mapping[str, Any]]) -> list
                 waited.setdefault(placement.database_for(checked[-1]["queue"]), []).append(parent)
     # Bad input is refused before anything else.
     payloads = [params["payload"] for params in validation.creations(checked)]
-    if waited:
-        _check_parents(agent, waited)
     planned = [
         {**spec, "payload": validation.JsonText(payload), **({} if ref is None else {"ref": ref})}
         for spec, ref, payload in zip(checked, refs, payloads, strict=True)
     ]
     with _counted(agent, len(planned), sum(map(validation.json_bytes, payloads))):
+        if waited:
+            _check_parents(agent, waited)
         if waited or any(refs):
             _refuse_held_keys(checked, specs)
         made = Todo.objects.create_many(planned)
@@ -216,8 +216,9 @@ def _check_parents(agent: Agent, waited: Mapping[str, list[str]]) -> None:
 def _counted(agent: Agent, count: int, size: int) -> Iterator[None]:
     """Count `count` creations of payloads of `size` bytes, then run the block in the same
     transaction (one commit), which commits the count whatever the block answers: a create the
-    database refused (a key held, a parent that ended meanwhile) cost it as much as one it made,
-    so it costs the agent the same."""
+    database refused (a parent it may not see or that is a dead letter, read for it; a key
+    held; a parent that ended meanwhile) cost it as much as one it made, so it costs the agent
+    the same. Past the quota, Throttled comes first, and the database reads nothing for it."""
     refused: TodoError | None = None
     with transaction.atomic(using=router.db_for_write(Agent)):
         quotas.count_creates(agent, count, size)
@@ -225,7 +226,11 @@ def _counted(agent: Agent, count: int, size: int) -> Iterator[None]:
             yield
         except InvalidPlan:  # found before the plan's statement: no more than bad input
             raise
-        except (InvalidTodo, TodoConflict) as error:  # after a statement, never inside one
+        except (
+            InvalidTodo,
+            TodoConflict,
+            TodoNotFound,
+        ) as error:  # after a statement, never inside one
             refused = error
     if refused is not None:
         raise refused
