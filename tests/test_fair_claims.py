@@ -58,6 +58,16 @@ def test_a_claim_takes_at_most_its_share_from_each_key_while_the_others_have_som
 
 
 @pytest.mark.django_db
+def test_a_querysets_claim_takes_turns_too() -> None:
+    """The ORM-narrowed claim ranks its candidates by turn as claim_next does."""
+    for key in KEYS:
+        enqueue(key, 10)
+    enqueue(None, 5, queue="other")
+    batch = Todo.objects.filter(queue="default").claim_batch("w1", 30, 8)
+    assert keys_of(batch) == dict.fromkeys(KEYS, 2)
+
+
+@pytest.mark.django_db
 def test_the_claim_is_work_conserving() -> None:
     """A key alone takes every place; once the others run out, the rest go to whoever has
     todos left."""
