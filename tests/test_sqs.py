@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -640,3 +641,27 @@ def test_a_revoked_agent_made_active_again_has_neither_old_credential(
         assert api.post("/claim/", json={"ttl": 30}).status_code == 401
         fresh = {"Authorization": f"Bearer {new_token}"}
         assert api.post("/claim/", json={"ttl": 30}, headers=fresh).status_code == 200
+
+
+@pytest.mark.parametrize("decoded", ["td_\x00x 1 0", "\x00 1 0", "td_\udcff 1 0"])
+def test_a_receipt_naming_no_possible_todo_is_a_client_error(
+    connect: Callable[..., Client], agent: Agent, decoded: str
+) -> None:
+    """A handle whose id holds a NUL (or is no text) is ReceiptHandleIsInvalid on every action
+    that takes one, not an InternalFailure."""
+    sqs = connect(agent)
+    queue = url(sqs)
+    handle = base64.urlsafe_b64encode(decoded.encode(errors="surrogatepass")).decode()
+    for act in (
+        lambda: sqs.delete_message(QueueUrl=queue, ReceiptHandle=handle),
+        lambda: sqs.change_message_visibility(
+            QueueUrl=queue, ReceiptHandle=handle, VisibilityTimeout=0
+        ),
+    ):
+        with pytest.raises(ClientError) as error:
+            act()
+        assert code(error) == "ReceiptHandleIsInvalid"
+    batch = sqs.delete_message_batch(
+        QueueUrl=queue, Entries=[{"Id": "1", "ReceiptHandle": handle}]
+    )
+    assert [failed["Code"] for failed in batch["Failed"]] == ["ReceiptHandleIsInvalid"]

@@ -179,6 +179,9 @@ def read_receipt(handle: object) -> Receipt | None:
     try:
         text = base64.urlsafe_b64decode(handle.encode()).decode()
         todo_id, attempt, claimed = text.rsplit(" ", 2)
-        return Receipt(todo_id, int(attempt), _EPOCH + int(claimed) * _MICROSECOND)
-    except (binascii.Error, ValueError, OverflowError):
+        # An id no todo can have (a NUL, which PostgreSQL's text refuses) names no receipt.
+        return Receipt(
+            validation.todo_id(todo_id), int(attempt), _EPOCH + int(claimed) * _MICROSECOND
+        )
+    except (binascii.Error, ValueError, OverflowError, InvalidTodo):
         return None
