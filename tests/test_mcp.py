@@ -694,6 +694,40 @@ def test_stdio_session_outlives_the_database(agent: tuple[Agent, str]) -> None:
     assert gone == errors.problem(errors.UNAVAILABLE, "The database is unavailable; retry.")
 
 
+def test_streamable_http_answers_503_while_the_database_is_down(agent: tuple[Agent, str]) -> None:
+    """A token that cannot be checked, the database gone, is the server's fault: 503 with
+    Retry-After and a JSON-RPC error saying to retry, not a bare 500 (nor a 401)."""
+    settings = connections["default"].settings_dict
+    relay = Cuttable(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
+    relay.open()
+    url = urlsplit(database_url())
+    credentials, _, _ = url.netloc.rpartition("@")
+    through_relay = url._replace(netloc=f"{credentials}@127.0.0.1:{relay.port}".lstrip("@"))
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    headers = {
+        "Authorization": f"Bearer {agent[1]}",
+        "Accept": "application/json, text/event-stream",
+    }
+    try:
+        with serve_mcp(DATABASE_URL=through_relay.geturl()) as endpoint:
+            relay.cut()
+            down = httpx.post(endpoint, json=initialize, headers=headers, timeout=60)
+            relay.open()  # the server stops with its database back
+    finally:
+        relay.cut()
+    assert down.status_code == 503 and down.headers["Retry-After"] == "1"
+    assert down.json()["error"]["message"] == "The database is unavailable; retry."
+
+
 # What one agent may take (issue 24 §2): a tool error that says to wait
 
 

@@ -661,7 +661,5 @@ def test_a_receipt_naming_no_possible_todo_is_a_client_error(
         with pytest.raises(ClientError) as error:
             act()
         assert code(error) == "ReceiptHandleIsInvalid"
-    batch = sqs.delete_message_batch(
-        QueueUrl=queue, Entries=[{"Id": "1", "ReceiptHandle": handle}]
-    )
+    batch = sqs.delete_message_batch(QueueUrl=queue, Entries=[{"Id": "1", "ReceiptHandle": handle}])
     assert [failed["Code"] for failed in batch["Failed"]] == ["ReceiptHandleIsInvalid"]

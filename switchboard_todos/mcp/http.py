@@ -11,6 +11,7 @@ SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS open sessions.
 from __future__ import annotations
 
 import io
+import logging
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import anyio
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
@@ -38,15 +40,20 @@ from mcp.server.streamable_http_manager import (
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import INVALID_REQUEST, ErrorData, JSONRPCError
 from pydantic import ConfigDict
+from starlette.authentication import AuthenticationError
 from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from switchboard_todos import faults
 from switchboard_todos.agents import errors, service
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import NotAuthenticated, Throttled
-from switchboard_todos.mcp.server import build_server, problem_text, request_scope
+from switchboard_todos.mcp.server import UNAVAILABLE, build_server, problem_text, request_scope
 from switchboard_todos.models import Agent
+
+logger = logging.getLogger(__name__)
 
 
 class AgentToken(AccessToken):
@@ -66,7 +73,25 @@ class AgentTokens:
                 agent = await service.aauthenticate(token)
             except NotAuthenticated:
                 return None
+            except DatabaseError as error:
+                if not faults.is_outage(error):
+                    raise
+                # The server's fault, not the token's: answered 503 (refused), not 401.
+                logger.warning("Database unavailable to check an MCP token: %s", error)
+                raise DatabaseUnavailable(UNAVAILABLE) from None
         return AgentToken(token=token, client_id=agent.name, scopes=[], agent=agent)
+
+
+class DatabaseUnavailable(AuthenticationError):
+    """A token that could not be checked, the database being down: answered 503."""
+
+
+def refused(connection: HTTPConnection, error: AuthenticationError) -> Response:
+    """The answer to a request whose token could not be checked: 503 with Retry-After when the
+    database is down, as the HTTP API's `unavailable` problem; 400 otherwise, as Starlette's."""
+    if isinstance(error, DatabaseUnavailable):
+        return _json_rpc_error(503, str(error), {"Retry-After": "1"})
+    return PlainTextResponse(str(error), status_code=400)
 
 
 async def token_agent() -> Agent:
@@ -242,5 +267,6 @@ def streamable_http(
     app = AuthenticationMiddleware(
         AuthContextMiddleware(RequireAuthMiddleware(sessions.serve, required_scopes=[])),
         backend=BearerAuthBackend(AgentTokens()),
+        on_error=refused,
     )
     return Endpoint(AllowedHosts(HttpsOnly(app)), path, sessions)
