@@ -31,6 +31,7 @@ from switchboard_todos.sqs import messages, views
 from switchboard_todos.sqs.signing import secret_for
 from tests.asgi import serve
 from tests.conftest import run_in_threads
+from tests.helpers import sqs_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -652,14 +653,46 @@ def test_a_receipt_naming_no_possible_todo_is_a_client_error(
     sqs = connect(agent)
     queue = url(sqs)
     handle = base64.urlsafe_b64encode(decoded.encode(errors="surrogatepass")).decode()
-    for act in (
-        lambda: sqs.delete_message(QueueUrl=queue, ReceiptHandle=handle),
-        lambda: sqs.change_message_visibility(
-            QueueUrl=queue, ReceiptHandle=handle, VisibilityTimeout=0
-        ),
-    ):
-        with pytest.raises(ClientError) as error:
-            act()
-        assert code(error) == "ReceiptHandleIsInvalid"
+    with pytest.raises(ClientError) as deleted:
+        sqs.delete_message(QueueUrl=queue, ReceiptHandle=handle)
+    with pytest.raises(ClientError) as changed:
+        sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=handle, VisibilityTimeout=0)
+    assert code(deleted) == code(changed) == "ReceiptHandleIsInvalid"
     batch = sqs.delete_message_batch(QueueUrl=queue, Entries=[{"Id": "1", "ReceiptHandle": handle}])
     assert [failed["Code"] for failed in batch["Failed"]] == ["ReceiptHandleIsInvalid"]
+
+
+def test_plain_http_gets_djangos_redirect_and_does_nothing(
+    subprocess_env: dict[str, str], agent: Agent
+) -> None:
+    """With SECURE_SSL_REDIRECT, SQS over plain HTTP is answered as the rest of the project:
+    Django's redirect to HTTPS, and nothing sent or received; behind a proxy that says the
+    request was HTTPS (SECURE_PROXY_SSL_HEADER), it works, with the HSTS header."""
+    https = {
+        "SECURE_SSL_REDIRECT": "on",
+        "SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
+        "SECURE_HSTS_SECONDS": "3600",
+    }
+    with serve({**subprocess_env, **https}) as (api, process):
+        base = api.removesuffix("/api")
+        sent = {"QueueUrl": f"{base}/sqs/jobs", "MessageBody": "hi"}
+        plain = httpx.post(
+            f"{base}/sqs/",
+            content=json.dumps(sent),
+            headers=sqs_headers(agent, f"{base}/sqs/", "SendMessage", sent),
+        )
+        proxied = httpx.post(
+            f"{base}/sqs/",
+            content=json.dumps(sent),
+            headers={
+                **sqs_headers(agent, f"{base}/sqs/", "SendMessage", sent),
+                "X-Forwarded-Proto": "https",
+            },
+        )
+        process.terminate()
+        assert "Traceback" not in process.communicate(timeout=30)[0]
+    assert plain.status_code == 301
+    assert plain.headers["location"] == base.replace("http://", "https://") + "/sqs/"
+    assert proxied.status_code == 200, proxied.text
+    assert proxied.headers["strict-transport-security"] == "max-age=3600"
+    assert Todo.objects.filter(queue="jobs").count() == 1

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import io
 import json
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -45,15 +44,15 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
-from django.core.handlers.asgi import ASGIRequest, get_script_prefix
+from django.core.handlers.asgi import get_script_prefix
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
-from django.middleware.security import SecurityMiddleware
 from django.urls import get_resolver
 from django.urls.exceptions import Resolver404
 from pydantic import ValidationError
 
 from switchboard_todos.agents import request_cap, service
+from switchboard_todos.agents.https import https_of
 from switchboard_todos.agents.serialize import todo_json, todos_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
@@ -105,8 +104,6 @@ BY_ID: dict[str, tuple[type[Request], Verb]] = {
 }
 #: The claim from queues (`POST claim/`).
 CLAIM = "claim"
-#: Where the project installs the middleware that applies its HTTPS settings.
-SECURITY_MIDDLEWARE = "django.middleware.security.SecurityMiddleware"
 
 
 class Aborted(Exception):
@@ -154,7 +151,7 @@ class AgentsAPIFirst:
         if route is None or not _allowed_host(scope):
             await self.application(scope, receive, send)  # Django says what is wrong with a host
             return
-        https = _https(scope)
+        https = https_of(scope)
         answer: HttpResponse | bytes | None = None
         if https is not None:
             answer = https.middleware.process_request(https.request)
@@ -260,30 +257,6 @@ async def _wait_and_claim(agent: Agent, arguments: Request | HttpResponse) -> li
         wait=arguments.wait,
         limit=arguments.limit,
     )
-
-
-class HTTPS(NamedTuple):
-    """The request as Django sees it, and the project's SecurityMiddleware."""
-
-    request: HttpRequest
-    middleware: SecurityMiddleware
-
-
-def _https(scope: Scope) -> HTTPS | None:
-    """Django's SecurityMiddleware for this request, when the project installs it or asks for
-    HTTPS (SECURE_SSL_REDIRECT); None otherwise, at no cost.
-
-    Django's own code decides: whether the request is secure (SECURE_PROXY_SSL_HEADER), its
-    redirect (SECURE_SSL_HOST, SECURE_REDIRECT_EXEMPT), and the headers of the answer
-    (SECURE_HSTS_*, and the others the middleware sets).
-    """
-    if not (settings.SECURE_SSL_REDIRECT or SECURITY_MIDDLEWARE in settings.MIDDLEWARE):
-        return None
-    return HTTPS(ASGIRequest(scope, io.BytesIO()), SecurityMiddleware(_no_view))
-
-
-def _no_view(request: HttpRequest) -> HttpResponse:
-    raise AssertionError("The middleware's own methods are called, never its view.")
 
 
 def _response(answer: HttpResponse | bytes) -> HttpResponse:

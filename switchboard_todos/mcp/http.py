@@ -10,7 +10,6 @@ SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS open sessions.
 
 from __future__ import annotations
 
-import io
 import logging
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -19,11 +18,8 @@ from typing import Any
 import anyio
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
-from django.core.handlers.asgi import ASGIRequest
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
-from django.middleware.security import SecurityMiddleware
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware, get_access_token
 from mcp.server.auth.middleware.bearer_auth import (
     AuthorizationContext,
@@ -48,6 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from switchboard_todos import faults
 from switchboard_todos.agents import errors, service
+from switchboard_todos.agents.https import https_of
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import NotAuthenticated, Throttled
 from switchboard_todos.mcp.server import UNAVAILABLE, build_server, problem_text, request_scope
@@ -143,11 +140,10 @@ class HttpsOnly:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if settings.SECURE_SSL_REDIRECT:
+        https = https_of(scope) if settings.SECURE_SSL_REDIRECT else None
+        if https is not None:
             try:
-                redirect = SecurityMiddleware(_unused).process_request(
-                    ASGIRequest(scope, io.BytesIO())
-                )
+                redirect = https.middleware.process_request(https.request)
             except DisallowedHost:  # X-Forwarded-Host, with USE_X_FORWARDED_HOST
                 await _misdirected()(scope, receive, send)
                 return
@@ -160,10 +156,6 @@ class HttpsOnly:
                 await _json_rpc_error(403, message)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-def _unused(request: HttpRequest) -> HttpResponse:
-    raise AssertionError("HttpsOnly calls SecurityMiddleware.process_request only")
 
 
 class AgentSessions(StreamableHTTPSessionManager):

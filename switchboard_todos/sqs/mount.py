@@ -12,11 +12,14 @@ agent loop's verbs (api/asgi.py): a Celery or dramatiq worker makes two requests
 task, and Django's handler adds a thread started and stopped per request, the request signals
 and the middleware, several times the endpoint's own work. The SQS requests need none of
 them: a SigV4 signature, no cookie, session or CSRF token; the host is still checked against
-ALLOWED_HOSTS (a refused one goes to Django, which answers and logs it), and the body is read,
-the request made and the response sent by Django's own ASGI code. Each request runs its
-database work on one of `threads` threads, each keeping its connection from one request to the
-next as a worker does (a pooled one goes back to the pool after each request, one a database
-error left unusable is closed). Queue URLs are built on the path posted to (queue_urls.py).
+ALLOWED_HOSTS (a refused one goes to Django, which answers and logs it), the project's HTTPS
+settings are applied by Django's SecurityMiddleware (a plain-HTTP request where HTTPS is asked
+for gets its redirect and does nothing), a body past MAX_BODY is refused before more of it is
+read, signed or not, and the request is made and the response sent by Django's own ASGI code.
+Each request runs its database work on one of `threads` threads, each keeping its connection
+from one request to the next as a worker does (a pooled one goes back to the pool after each
+request, one a database error left unusable is closed). Queue URLs are built on the path
+posted to (queue_urls.py).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, get_resolver
 
+from switchboard_todos.agents.https import https_of
 from switchboard_todos.claims.long_polls import finish_with_connections
 
 Scope = MutableMapping[str, Any]
@@ -84,22 +88,36 @@ class SQSAnywhere:
         if not (scope["type"] == "http" and scope["method"] == "POST" and _is_sqs(scope)):
             await self.application(scope, receive, send)
             return
+        https = https_of(scope)
+        head = ASGIRequest(scope, io.BytesIO()) if https is None else https.request
         try:
-            ASGIRequest(scope, io.BytesIO()).get_host()
+            head.get_host()
+            redirect = None if https is None else https.middleware.process_request(head)
         except DisallowedHost:
             await self.application(scope, receive, send)  # Django answers and logs it
             return
+        if redirect is not None:  # plain HTTP where the project asks for HTTPS: Django's answer
+            await _DJANGO.send_response(redirect, send)
+            return
+        # Imported here, as in answer(): the views use the models.
+        from switchboard_todos.sqs.views import MAX_BODY, body_too_large
+
         try:
-            body = await _DJANGO.read_body(receive)
+            body = await _read_at_most(scope, receive, MAX_BODY)
         except RequestAborted:
             return  # the client went away
-        with body:
-            request, refused = _DJANGO.create_request(scope, body)
-            if request is None:  # a body past DATA_UPLOAD_MAX_MEMORY_SIZE, or not UTF-8 headers
-                assert refused is not None
-                await _DJANGO.send_response(refused, send)
-                return
-            await _DJANGO.send_response(await self.answer(request), send)
+        if body is None:
+            await _DJANGO.send_response(body_too_large(), send)
+            return
+        request, refused = _DJANGO.create_request(scope, io.BytesIO(body))
+        if request is None:  # a body past DATA_UPLOAD_MAX_MEMORY_SIZE, or not UTF-8 headers
+            assert refused is not None
+            await _DJANGO.send_response(refused, send)
+            return
+        response = await self.answer(request)
+        if https is not None:
+            response = https.middleware.process_response(request, response)
+        await _DJANGO.send_response(response, send)
 
     async def answer(self, request: HttpRequest) -> HttpResponse:
         """The endpoint's response to `request`, its database work on one slot's thread."""
@@ -125,6 +143,29 @@ class SQSAnywhere:
         for slot in self._slots:
             slot.submit(connections.close_all).result()
             slot.shutdown()
+
+
+async def _read_at_most(scope: Scope, receive: Any, limit: int) -> bytes | None:
+    """The request's body, or None once it is known to pass `limit` bytes: by its
+    Content-Length, before a byte of it is read, else as soon as what came passes it (a body
+    sent in chunks). Nothing past the limit is read or kept, signed or not: the signature is
+    checked after."""
+    declared = dict(scope["headers"]).get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestAborted
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _is_sqs(scope: Scope) -> bool:

@@ -38,8 +38,6 @@ from switchboard_todos.sqs import attributes, messages, queue_urls, signing, tit
 logger = logging.getLogger("switchboard_todos.sqs")
 
 CONTENT_TYPE = "application/x-amz-json-1.0"
-#: Most bytes a request body may have (SQS: a 256 KiB message, and a batch of ten).
-MAX_BODY = 1024 * 1024
 #: Most entries in a batch, as SQS.
 MAX_BATCH = 10
 #: A MessageGroupId, as SQS takes it: 1 to 128 letters, digits and punctuation.
@@ -92,7 +90,7 @@ async def endpoint(request: HttpRequest, queue: str | None = None) -> HttpRespon
         action = _action(request)
         body = request.body
         if len(body) > MAX_BODY:
-            raise SQSError("InvalidParameterValue", f"The request body exceeds {MAX_BODY} bytes.")
+            return body_too_large()
         agent, params = await sync_to_async(_signed)(request, body)
         with request_cap.admitted(agent):  # past the agent's cap, RequestThrottled
             return _answer(200, await action(agent, params, request))
@@ -152,6 +150,15 @@ def _params(body: bytes) -> dict[str, Any]:
 
 def _answer(status: int, content: dict[str, Any]) -> HttpResponse:
     return HttpResponse(json.dumps(content), status=status, content_type=CONTENT_TYPE)
+
+
+#: Most bytes a request body may have (SQS: a 256 KiB message, and a batch of ten).
+MAX_BODY = 1024 * 1024
+
+
+def body_too_large() -> HttpResponse:
+    """The answer to a body past MAX_BODY, as SQS words it."""
+    return _error("InvalidParameterValue", f"The request body exceeds {MAX_BODY} bytes.")
 
 
 def _error(code: str, message: str) -> HttpResponse:
