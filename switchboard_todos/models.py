@@ -297,10 +297,9 @@ class Todo(models.Model):
                 condition=Q(event__isnull=False),
                 name="idx_todos_event",
             ),
-            # The admin (see admin.py). Its newest-first pages sort DESC NULLS LAST, an order the
-            # claim scan's ORDER BY created_at (ASC NULLS LAST) cannot read from these indexes
-            # in either direction: so the claim keeps to idx_todos_pending however the table
-            # looks, instead of walking every queue's todos in created_at order.
+            # The admin (see admin.py). Its newest-first pages sort created_at DESC NULLS LAST, an
+            # order the claim scan (priority, then turn) cannot read from these indexes: so the
+            # claim keeps to idx_todos_pending however the table looks.
             # The list's default order and its date hierarchy: a page is the first 100 entries.
             models.Index(F("created_at").desc(nulls_last=True), name="idx_todos_created"),
             # The queue filter's page (an index range, not a filtered walk of every todo) and its

@@ -11,9 +11,11 @@
 --
 -- When a todo becomes claimable: a pending todo with no next_retry_at at created_at, one with
 -- a next_retry_at at that time, and a claimed todo whose lease expired at lease_expires_at.
--- Claims take the highest priority first and, within a priority, the longest-claimable first,
+-- Claims take the highest priority first and, within a priority, the earliest turn first
+-- (fair_at: a todo's creation time without a fair key; with one, its key's turn, fair_turn),
+-- a due retry or an expired lease at its turn or when it became claimable, whichever is later:
 -- so a retried todo queues behind work that was already waiting, as a message that becomes
--- visible again does in SQS.
+-- visible again does in SQS, and the fair keys of a queue take turns.
 --
 -- A statement that makes todos claimable right now also sends NOTIFY switchboard_todos with the
 -- queue name as payload, once per queue and statement (never per row), so that listening
