@@ -72,8 +72,9 @@ SELECT * FROM completed
 -- name: complete_many
 -- Mark many todos done, each with its own result, and unblock the todos waiting for them (as
 -- complete does); returns the ids completed, and (done false) those still held that were left
--- alone, read only when something was left alone. %(results)s is one JSON object, id to result (null: none):
--- sent as one value, not as two arrays whose every element the client escapes one by one.
+-- alone (below), read only when something was left alone. %(results)s is one JSON object, id
+-- to result (null: none): sent as one value, not as two arrays whose every element the client
+-- escapes one by one.
 -- It never waits for a row lock: a todo another session holds locked is left alone too (the
 -- manager runs it again). A claim locks rows that were pending when it began and have been
 -- claimed since (PostgreSQL keeps the lock of a row whose recheck failed), and a claim into a
