@@ -10,15 +10,17 @@ from datetime import timedelta
 from importlib import import_module
 from typing import Any
 
+import psycopg
 import pytest
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 
+from switchboard_todos.claims.listen import CHANNEL
 from switchboard_todos.models import State, Todo, TodoEdge
 from switchboard_todos.shutdown import Shutdown
 from switchboard_todos.upkeep import retention
 from switchboard_todos.upkeep.reaper import Reaper
-from tests.conftest import run_in_threads
+from tests.conftest import database_url, run_in_threads
 from tests.helpers import MakeTodo, db_now
 
 pytestmark = pytest.mark.django_db
@@ -84,7 +86,7 @@ def test_the_200th_child_of_1000_parents_writes_what_the_first_did() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_child_being_created_holds_no_lock_on_its_parents() -> None:
     """While the transaction creating a child of 1,000 parents is open, another session claims
-    every parent with a lock timeout of 50 ms, and takes none of the parents' row locks'."""
+    every parent with a lock timeout of 50 ms: the creator holds no lock on any of them."""
     ids = parents(SHARED_PARENTS)
     claimed: list[Todo] = []
 
@@ -203,14 +205,18 @@ def fail(parent: Todo) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_child_created_while_its_parent_completes_is_repaired_once() -> None:
-    """The race, for real: stuck after the commit, unblocked by the repair, and by it alone
-    once (a second repair finds nothing; one claim takes the child)."""
+    """The race, for real: stuck after the commit, unblocked (and its queue notified) by the
+    repair, and by it alone once (a second repair finds nothing; one claim takes the child)."""
     parent = claimed_parent()
     child = racing_child(parent, complete)
     assert Todo.objects.get(pk=parent.id).state == State.DONE
     assert (child.waiting_for, child.blocked) == (1, True)
     assert Todo.objects.claim_next("default", "w2", 60) is None
-    assert Todo.objects.repair_blocked() == (1, 0, 0)
+    with psycopg.connect(database_url(), autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        assert Todo.objects.repair_blocked() == (1, 0, 0)
+        listener.execute("SELECT 1")  # the notification, sent on commit, has been read
+        assert [notify.payload for notify in listener.notifies(timeout=0.05)] == ["default"]
     child = Todo.objects.get(pk=child.id)
     assert (child.waiting_for, child.blocked) == (0, False)
     assert child.next_retry_at is not None and child.next_retry_at <= db_now()
