@@ -146,8 +146,8 @@ def test_migrate_fake_initial_over_the_seed_tables_fails_the_check() -> None:
         assert "has no index idx_todos_scheduled" in report
     finally:
         run(
-            "DROP TABLE IF EXISTS todos, events, todo_agents, todo_schedules, todo_queues, todo_edges"
-            " CASCADE"
+            "DROP TABLE IF EXISTS todos, events, todo_agents, todo_schedules, todo_queues,"
+            " todo_edges CASCADE"
         )
         run("DELETE FROM django_migrations WHERE app = 'switchboard_todos'")
         call_command("migrate", "switchboard_todos", verbosity=0)
