@@ -2,11 +2,10 @@
 
 A member of the batch may name itself with `ref`, and an entry of its `after` is the `ref` of
 another member, or else the id of an existing todo. Planning a batch gives each member its id,
-its parents as ids, how many of them are members (new, so not done yet), and its children
-among the members; it refuses a ref used twice, a todo waiting for itself and a cycle
-(InvalidPlan) before anything is written. An entry of `after` that is no member's ref is taken
-as an id, which the create refuses if no todo has it. docs/dependencies.md shows it from an
-agent.
+its parents as ids and how many of them are members (new, so not done yet); it refuses a ref
+used twice, a todo waiting for itself and a cycle (InvalidPlan) before anything is written. An
+entry of `after` that is no member's ref is taken as an id, which the create refuses if no todo
+has it. docs/dependencies.md shows it from an agent.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ class Graph:
     parents: list[list[str]]
     members_waited: list[int]
     """How many of each member's parents are members of the batch."""
-    children: list[list[str]]
     existing: list[str]
     """The existing todos members wait for, each once, in id order (the order they lock in)."""
 
@@ -76,18 +74,14 @@ def plan(batch: list[dict[str, Any]], refs: list[str | None], ids: list[str]) ->
         members.append(inside)
         parents.append([ids[position[name]] if name in position else name for name in named])
         existing.update(name for name in named if name not in position)
-    children: list[list[str]] = [[] for _ in batch]
     for number, inside in enumerate(members):
-        for parent in inside:
-            if parent == number:
-                raise InvalidPlan(f"todo #{number} waits for itself.")
-            children[parent].append(ids[number])
+        if number in inside:
+            raise InvalidPlan(f"todo #{number} waits for itself.")
     _refuse_cycles(members, refs)
     return Graph(
         ids=ids,
         parents=parents,
         members_waited=[len(inside) for inside in members],
-        children=children,
         existing=sorted(existing),
     )
 

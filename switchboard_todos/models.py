@@ -186,15 +186,14 @@ class Todo(models.Model):
     # Someone waits for this todo to finish (wait_for): its end sends a notification.
     awaited = models.BooleanField(db_default=False)
     # Dependencies (docs/dependencies.md): the todos this one waits for, how many of them are not
-    # done yet (while any is not, it is pending and not claimable: next_retry_at is BLOCKED_UNTIL),
-    # what becomes of it when one ends as a dead letter, and the todos that wait for it (so that
-    # the statement completing it unblocks them without a look-up).
+    # done yet (while any is not, it is pending and not claimable: next_retry_at is BLOCKED_UNTIL)
+    # and what becomes of it when one ends as a dead letter. The todos that wait for it are
+    # found through TodoEdge, not in its row: naming a parent never writes the parent.
     parents = ArrayField(models.TextField(), null=True, blank=True, editable=False)
     waiting_for = models.IntegerField(db_default=0, editable=False)
     on_parent_failure = models.TextField(
         choices=ParentFailure.choices, null=True, blank=True, editable=False
     )
-    children = ArrayField(models.TextField(), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(db_default=_now())
     updated_at = models.DateTimeField(db_default=_now())
     claimed_at = models.DateTimeField(null=True, blank=True)
@@ -369,6 +368,31 @@ def parent_results_of(todos: Iterable[Todo]) -> dict[str, dict[str, Any]]:
         todo.id: {parent: found[todo._state.db].get(parent) for parent in todo.parents or ()}
         for todo in waiting
     }
+
+
+class TodoEdge(models.Model):
+    """One dependency: todo `child_id` waits for todo `parent_id` (docs/dependencies.md).
+
+    A row of its own, inserted with the child: naming a parent neither rewrites nor locks the
+    parent's row, however many children it has. The statements that end a parent find its
+    children here (the primary key, parent first); the child's `parents` column keeps its own
+    list in `after` order. No foreign keys: todos are purged by retention, which deletes their
+    edges with them (sql/retention.sql).
+    """
+
+    pk = models.CompositePrimaryKey("parent_id", "child_id")
+    parent_id = models.TextField()
+    child_id = models.TextField()
+
+    class Meta:
+        db_table = "todo_edges"
+        indexes = [
+            # The parents of a child, for the purge that deletes the child's edges.
+            models.Index(fields=["child_id"], name="idx_todo_edges_child"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.child_id} after {self.parent_id}"
 
 
 #: An agent's name is the `owner` of every todo it claims: a one-word name, as a queue's.

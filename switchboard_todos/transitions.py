@@ -242,6 +242,7 @@ TRANSITIONS: dict[str, Transition] = {
         _owner_guarded("fail"),
         _owner_guarded("release"),
         Transition("reap_expired", _CLAIMED),
+        Transition("repair_blocked", frozenset({State.PENDING})),
         Transition(
             "requeue",
             frozenset({State.FAILED}),

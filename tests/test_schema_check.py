@@ -133,7 +133,7 @@ CREATE UNIQUE INDEX idx_todos_dedupe ON todos (queue, idempotency_key)
 def test_migrate_fake_initial_over_the_seed_tables_fails_the_check() -> None:
     """The reported fault: --fake-initial over the seed's tables left a schema `check` passed."""
     run(
-        "DROP TABLE todos, events, todo_agents, todo_schedules, todo_queues CASCADE"
+        "DROP TABLE todos, events, todo_agents, todo_schedules, todo_queues, todo_edges CASCADE"
     )  # every table of ours
     run("DELETE FROM django_migrations WHERE app = 'switchboard_todos'")
     try:
@@ -145,7 +145,10 @@ def test_migrate_fake_initial_over_the_seed_tables_fails_the_check() -> None:
         assert "switchboard_todos.E020" in report and "has no column errors" in report
         assert "has no index idx_todos_scheduled" in report
     finally:
-        run("DROP TABLE IF EXISTS todos, events, todo_agents, todo_schedules, todo_queues CASCADE")
+        run(
+            "DROP TABLE IF EXISTS todos, events, todo_agents, todo_schedules, todo_queues,"
+            " todo_edges CASCADE"
+        )
         run("DELETE FROM django_migrations WHERE app = 'switchboard_todos'")
         call_command("migrate", "switchboard_todos", verbosity=0)
     assert schema_errors() == []

@@ -3,9 +3,11 @@
 The graph is drawn on the server as inline SVG (the health page's chart is too): no JavaScript,
 every node a link to its todo's page. It holds the todo, its parents and children, and theirs
 (two levels each way at most), PER_LEVEL todos a level, so at most 29 nodes; a level with more
-says how many it leaves out. Reading it costs two queries at most, none for a todo without
-parents or children: the parents and children (their ids are in the todo's own row), then the
-parents of those parents and the children of those children that are drawn.
+says how many it leaves out. Reading it costs two queries, one for a todo without parents or
+children: the parents (their ids are in the todo's own row) and the children (found through
+todo_edges, in the same query, with how many there are), then the parents of those parents and
+the children of those children that are drawn. Of a todo with more than LISTED children, the
+LISTED first by id are read (an index range, however many it has).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from django.contrib.admin.utils import quote
 from django.db import router
-from django.db.models import F
+from django.db.models import F, Func, IntegerField, Q, QuerySet, Subquery
 from django.db.models.functions import Left
 from django.urls import reverse
 from django.utils.http import urlencode
@@ -25,7 +27,7 @@ from django.utils.translation import gettext_lazy as _
 
 from switchboard_todos.admin.databases import PARAMETER
 from switchboard_todos.admin.display import json_text
-from switchboard_todos.models import State, Todo
+from switchboard_todos.models import State, Todo, TodoEdge
 
 #: Parents, and children, listed in the page's tables; past these, "and N more".
 LISTED = 100
@@ -41,7 +43,7 @@ COLOURS = {
     "done": ("#5b9e3f", _("done")),
     "failed": ("#ba2121", _("failed (dead letter)")),
 }
-_COLUMNS = ("id", "state", "kind", "title", "waiting_for", "parents", "children")
+_COLUMNS = ("id", "state", "kind", "title", "waiting_for", "parents", "created_at")
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,6 @@ class Relative:
     title: str
     waiting_for: int
     parents: list[str]
-    children: list[str]
     result_head: str | None = None
     """The head of its result (a parent's, for the table of parents)."""
 
@@ -96,6 +97,8 @@ class Dependencies:
     todo: Relative
     parents: list[Relative]
     children: list[Relative]
+    children_count: int
+    """All its children, listed or not."""
     levels: list[Level] = field(default_factory=list)
 
     @property
@@ -104,67 +107,93 @@ class Dependencies:
 
     @property
     def more_children(self) -> int:
-        return len(self.todo.children) - len(self.children)
+        return self.children_count - len(self.children)
 
 
 def dependencies(todo: Todo) -> Dependencies | None:
-    """The dependencies of `todo`, read from its database; None, without a query, when it has
-    no parents and no children."""
-    if not todo.parents and not todo.children:
-        return None
+    """The dependencies of `todo`, read from its database; None when it has no parents and no
+    children (one query, which finds it has no children)."""
     alias = todo._state.db or router.db_for_read(Todo)
-    me = Relative(
-        todo.id,
-        todo.state,
-        todo.kind,
-        todo.title,
-        todo.waiting_for,
-        todo.parents or [],
-        todo.children or [],
-    )
-    listed_parents, listed_children = me.parents[:LISTED], me.children[:LISTED]
-    near = _read(alias, [*listed_parents, *listed_children], results=True)
+    me = Relative(todo.id, todo.state, todo.kind, todo.title, todo.waiting_for, todo.parents or [])
+    listed_parents = me.parents[:LISTED]
+    near, children_count = _read(alias, listed_parents, [me.id], (), LISTED, results=True)
+    if not me.parents and not children_count:
+        return None
     parents = [near[pk] for pk in listed_parents if pk in near]
-    children = [near[pk] for pk in listed_children if pk in near]
+    children = [relative for pk, relative in near.items() if me.id in relative.parents]
     up, down = parents[:PER_LEVEL], children[:PER_LEVEL]
     drawn = {me.id, *(relative.id for relative in (*parents, *children))}
     above = _unique(pk for parent in up for pk in parent.parents if pk not in drawn)
-    below = _unique(pk for child in down for pk in child.children if pk not in drawn)
-    far = _read(alias, [*above[:PER_LEVEL], *below[:PER_LEVEL]], results=False)
+    far, below_count = _read(
+        alias,
+        above[:PER_LEVEL],
+        [child.id for child in down],
+        drawn,
+        PER_LEVEL,
+        results=False,
+    )
+    below = [relative for pk, relative in far.items() if pk not in above[:PER_LEVEL]]
     levels = [
-        Level(-2, [far[pk] for pk in above[:PER_LEVEL] if pk in far], _beyond(above)),
+        Level(-2, [far[pk] for pk in above[:PER_LEVEL] if pk in far], _beyond(len(above))),
         Level(-1, up, len(me.parents) - len(up)),
         Level(0, [me]),
-        Level(1, down, len(me.children) - len(down)),
-        Level(2, [far[pk] for pk in below[:PER_LEVEL] if pk in far], _beyond(below)),
+        Level(1, down, children_count - len(down)),
+        Level(2, below, _beyond(below_count)),
     ]
     shown = [level for level in levels if level.todos or level.more > 0]
-    return Dependencies(alias, me, parents, children, shown)
+    return Dependencies(alias, me, parents, children, children_count, shown)
 
 
-def _read(alias: str, ids: Sequence[str], *, results: bool) -> dict[str, Relative]:
-    """The todos of `ids` (one query, none for no ids); with the heads of their results."""
-    if not ids:
-        return {}
-    todos = Todo.objects.using(alias).filter(pk__in=ids)
+def _read(
+    alias: str,
+    ids: Sequence[str],
+    parents: Sequence[str],
+    drawn: Iterable[str],
+    limit: int,
+    *,
+    results: bool,
+) -> tuple[dict[str, Relative], int]:
+    """The todos of `ids` and the children of `parents` not `drawn` (the first `limit` by id),
+    in one query (none for neither), oldest first; and how many such children there are. With
+    the heads of their results."""
+    if not ids and not parents:
+        return {}, 0
+    edges = TodoEdge.objects.using(alias).filter(parent_id__in=parents).exclude(child_id__in=drawn)
+    children = edges.values("child_id").distinct()
+    todos: QuerySet[Todo] = (
+        Todo.objects.using(alias)
+        .filter(Q(pk__in=ids) | Q(pk__in=children.order_by("child_id")[:limit]))
+        .annotate(children_count=_count(edges))
+        .order_by("created_at", "id")
+    )
     if results:
         todos = todos.annotate(result_head=Left(json_text(F("result")), RESULT_CHARS + 1))
-    found = {}
-    for row in todos.values(*_COLUMNS, *(("result_head",) if results else ())):
+    found, count = {}, 0
+    for row in todos.values(*_COLUMNS, "children_count", *(("result_head",) if results else ())):
         head = row.pop("result_head", None)
+        count = row.pop("children_count") or 0  # NULL: no parents asked about
+        del row["created_at"]
         found[row["id"]] = Relative(
-            **{**row, "parents": row["parents"] or [], "children": row["children"] or []},
+            **{**row, "parents": row["parents"] or []},
             result_head=None if head is None else Truncator(head).chars(RESULT_CHARS),
         )
-    return found
+    return found, count
+
+
+def _count(edges: QuerySet[TodoEdge]) -> Subquery:
+    """How many children `edges` names, as a scalar subquery beside each row read."""
+    counted = Func(F("child_id"), template="count(DISTINCT %(expressions)s)")
+    return Subquery(
+        edges.order_by().annotate(total=counted).values("total"), output_field=IntegerField()
+    )
 
 
 def _unique(ids: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def _beyond(ids: list[str]) -> int:
-    return max(0, len(ids) - PER_LEVEL)
+def _beyond(count: int) -> int:
+    return max(0, count - PER_LEVEL)
 
 
 class DependencyGraph:

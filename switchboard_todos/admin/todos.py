@@ -53,13 +53,13 @@ from switchboard_todos.models import State, Todo
 TODO_ID = re.compile(r"td_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 #: Characters of a progress note the list shows.
 PROGRESS_CHARS = 60
-#: The ids of a todo's parents and children: its page reads them, the list does not.
-GRAPH_COLUMNS = ("parents", "children")
+#: The ids of a todo's parents: its page reads them, the list does not.
+GRAPH_COLUMNS = ("parents",)
 
 
 class TodoChangeList(ChangeList):
-    """The todo list, without the JSON columns and the parents' and children's ids it does not
-    show, and with the head of each progress note, cut in the database (display.json_text)."""
+    """The todo list, without the JSON columns and the parents' ids it does not show, and with
+    the head of each progress note, cut in the database (display.json_text)."""
 
     def get_queryset(
         self, request: HttpRequest, exclude_parameters: list[str | None] | None = None
@@ -193,7 +193,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
 
     def get_fieldsets(self, request: HttpRequest, obj: Todo | None = None) -> Any:
         fieldsets: list[Any] = list(self.fieldsets or [])
-        if obj is not None and (obj.parents or obj.children):
+        if obj is not None and _dependencies(obj) is not None:
             fieldsets.insert(2, self.dependencies_fieldset)
         return fieldsets
 

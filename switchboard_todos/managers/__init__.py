@@ -16,7 +16,7 @@ from switchboard_todos.managers.claiming import Claiming
 from switchboard_todos.managers.creating import Creating
 from switchboard_todos.managers.holding import Heartbeats, Holding
 from switchboard_todos.managers.machinery import KEY_RACE_TRIES, RACED_INDEXES, run_now
-from switchboard_todos.managers.operating import BatchResult, Operating, ReapResult
+from switchboard_todos.managers.operating import BatchResult, Operating, ReapResult, RepairResult
 
 __all__ = [
     "KEY_RACE_TRIES",
@@ -24,6 +24,7 @@ __all__ = [
     "BatchResult",
     "Heartbeats",
     "ReapResult",
+    "RepairResult",
     "TodoManager",
     "run_now",
 ]

@@ -219,13 +219,9 @@ class Creating(Machinery):
                 batch,
                 graph.ids,
                 [
-                    [parents, waited, children, params["on_parent_failure"]]
-                    for parents, waited, children, params in zip(
-                        graph.parents,
-                        graph.members_waited,
-                        graph.children,
-                        batch,
-                        strict=True,
+                    [parents, waited, params["on_parent_failure"]]
+                    for parents, waited, params in zip(
+                        graph.parents, graph.members_waited, batch, strict=True
                     )
                 ],
             ),

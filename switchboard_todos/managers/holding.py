@@ -142,9 +142,7 @@ class Holding(Machinery):
                 cursor.execute(queries["complete_many"], params)
                 rows = cursor.fetchall()
             done += [todo_id for todo_id, completed in rows if completed]
-            # Left alone while still held: another session held its row locked, or a child of
-            # it appeared while the statement waited for its row (children_seen in
-            # sql/shared.sql); completed again, it sees the child.
+            # Left alone while still held: another session held its row locked.
             again = {todo_id for todo_id, completed in rows if not completed}
             values = [value for todo_id, value in zip(ids, values, strict=True) if todo_id in again]
             ids = [todo_id for todo_id in ids if todo_id in again]

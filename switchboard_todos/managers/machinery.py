@@ -32,7 +32,7 @@ from switchboard_todos.managers.rows import (
 )
 from switchboard_todos.querysets import TodoQuerySet
 from switchboard_todos.sql import CREATED_FRESH, CREATED_NULLS, queries
-from switchboard_todos.transitions import TRANSITIONS, State
+from switchboard_todos.transitions import TRANSITIONS
 
 if TYPE_CHECKING:
     from switchboard_todos.models import Todo
@@ -218,21 +218,11 @@ class Machinery(_TodoManagerBase["Todo"]):
         return {row["id"]: row for row in rows}
 
     def _holders_transition(self, name: str, params: Mapping[str, Any]) -> Todo:
-        """Run a transition of the lease's holder (`params["owner"]`) that finishes a todo.
-
-        When its guard missed while the todo is still held, a child of the todo appeared while
-        the statement waited for its row (children_seen in sql/shared.sql): it runs again, and
-        sees the child.
-        """
-        todo_id, owner = params["todo_id"], params["owner"]
-        for _ in range(KEY_RACE_TRIES):
-            done = self._transition(name, params)
-            if done is not None:
-                return done
-            seen = self._seen([todo_id]).get(todo_id)
-            if seen is None or seen["state"] != State.CLAIMED or seen["owner"] != owner:
-                return self._explain_miss(name, todo_id, owner, seen)
-        return self._classify_miss(name, todo_id, owner)
+        """Run a transition of the lease's holder (`params["owner"]`) that finishes a todo; a
+        miss is explained (TodoNotFound, TodoConflict)."""
+        return self._transition(name, params) or self._classify_miss(
+            name, params["todo_id"], params["owner"]
+        )
 
     def _classify_miss(self, operation: str, todo_id: str, owner: str | None) -> Todo:
         """Raise TodoNotFound or a TodoConflict (TodoCancelled) that says what stood in the way."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import TYPE_CHECKING, NamedTuple
 
 from django.db import IntegrityError, transaction
@@ -18,7 +19,7 @@ from switchboard_todos.managers.machinery import (
     with_history,
 )
 from switchboard_todos.sql import queries
-from switchboard_todos.transitions import TRANSITIONS
+from switchboard_todos.transitions import TRANSITIONS, State
 
 if TYPE_CHECKING:
     from switchboard_todos.models import Todo
@@ -29,6 +30,23 @@ class ReapResult(NamedTuple):
 
     requeued: int
     dead_lettered: int
+
+
+class RepairResult(NamedTuple):
+    """What `repair_blocked` did to children whose count a race left stale."""
+
+    unblocked: int
+    """Due now: they wait for nothing any more."""
+    recounted: int
+    """Still blocked, by fewer parents."""
+    cancelled: int
+    """Dead letters: a parent had failed, and their policy is 'cancel'."""
+
+
+#: How far back repair_blocked looks for stale children by default (the reaper's every sweep):
+#: a child whose creating transaction stayed open longer than this is not repaired by itself.
+#: Each sweep reads the parents of every blocked todo created this recently.
+REPAIR_WINDOW = timedelta(minutes=5)
 
 
 class BatchResult(NamedTuple):
@@ -59,6 +77,32 @@ class Operating(Machinery):
             dead_lettered += batch_dead_lettered
             if len(ids) < params["limit"]:
                 return ReapResult(requeued=requeued, dead_lettered=dead_lettered)
+
+    def repair_blocked(self, within: timedelta = REPAIR_WINDOW) -> RepairResult:
+        """Recount the blocked todos created within `within` whose count a race left stale.
+
+        A child created while a parent of it ended can count that parent as not ended, and
+        never hear of its end (docs/dependencies.md): this gives it the count its parents'
+        states say, unblocking it (or cancelling it, for a failed parent and the policy
+        'cancel'). The reaper runs it at every sweep. One statement a batch of
+        SWITCHBOARD_TODOS_REAP_BATCH, repeated while one changes something: the children of a
+        todo it changed may be stale in turn (one level a run).
+        """
+        unblocked = recounted = cancelled = 0
+        params = with_history({"notify": conf.LISTEN, "limit": conf.REAP_BATCH, "within": within})
+        while True:
+            with self._cursor() as cursor:
+                cursor.execute(queries["repair_blocked"], params)
+                rows = cursor.fetchall()
+            if not rows:
+                return RepairResult(unblocked, recounted, cancelled)
+            for _, state, waiting_for in rows:
+                if state == State.FAILED:
+                    cancelled += 1
+                elif waiting_for == 0:
+                    unblocked += 1
+                else:
+                    recounted += 1
 
     def requeue(self, todo_id: str) -> Todo:
         """Send a dead letter back to pending with its attempt budget reset."""
@@ -140,6 +184,7 @@ class Operating(Machinery):
         return BatchResult(changed=changed, refused=refused)
 
     areap_expired = async_twin(reap_expired)
+    arepair_blocked = async_twin(repair_blocked)
     arequeue = async_twin(requeue)
     arequeue_many = async_twin(requeue_many)
     aexpire_lease = async_twin(expire_lease)

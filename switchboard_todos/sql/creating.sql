@@ -22,7 +22,7 @@ DO NOTHING
 -- What the "inserted" CTE of a create returns: the columns of created_columns, and the queue
 -- (its notification). Not `*`: the rest would be stored for the answer and never read.
 id, queue, max_attempts, fair_at, next_retry_at, parents, waiting_for, on_parent_failure,
-children, created_at, updated_at
+created_at, updated_at
 
 -- fragment: todo_columns(todo)
 -- Every column of `todo`, in the model's order: what a statement returns when its branches must
@@ -32,7 +32,7 @@ $todo.idempotency_key, $todo.assignee, $todo.state, $todo.owner, $todo.lease_exp
 $todo.attempt, $todo.max_attempts, $todo.priority, $todo.concurrency_key, $todo.fair_key,
 $todo.fair_at, $todo.slot,
 $todo.next_retry_at, $todo.result, $todo.errors, $todo.errors_dropped, $todo.progress,
-$todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure, $todo.children,
+$todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure,
 $todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
 
 -- fragment: created_columns(todo)
@@ -48,7 +48,7 @@ NULL::smallint AS priority, NULL::text AS concurrency_key, NULL::text AS fair_ke
 $todo.fair_at, NULL::smallint AS slot,
 $todo.next_retry_at, NULL::jsonb AS result, NULL::jsonb AS errors, NULL::int AS errors_dropped,
 NULL::jsonb AS progress, NULL::boolean AS awaited, $todo.parents, $todo.waiting_for,
-$todo.on_parent_failure, $todo.children, $todo.created_at, $todo.updated_at,
+$todo.on_parent_failure, $todo.created_at, $todo.updated_at,
 NULL::timestamptz AS claimed_at, NULL::timestamptz AS completed_at
 
 -- fragment: created_then_held(inserted, notified)
@@ -112,20 +112,20 @@ SELECT keyed.id,
 CASE WHEN %(fair_key)s::text IS NULL THEN now()
      ELSE {{fair_turn(%(queue)s, %(priority)s::smallint, %(fair_key)s::text)}} END
 
--- fragment: parents_locked(ids)
+-- fragment: parents_read(ids)
 -- The body of the "parent" CTE of a creation: the existing todos in `ids` (a text[]) a new todo
--- waits for, locked in id order (two creators of children of one parent take turns, never
--- deadlock; a statement finishing one waits, then sees the child: children_seen) and read as
--- they are now.
+-- waits for, read in the statement's snapshot and neither locked nor written: naming a parent
+-- costs it nothing, however many children it has (issue 35). A parent that ends while the
+-- statement runs may be counted as not ended, and the statement ending it, whose snapshot
+-- predates the child, does not unblock it: repair_blocked (sql/operating.sql) recounts such a
+-- child at the reaper's next sweep.
 SELECT id, state
   FROM todos
  WHERE id = ANY ($ids)
- ORDER BY id
-   FOR NO KEY UPDATE
 
 -- fragment: waited(parent)
--- How many of the rows of `parent` (a FROM item of id, state: parents locked and read as they
--- are now) a new todo waits for: those neither done nor failed.
+-- How many of the rows of `parent` (a FROM item of id, state: parents_read) a new todo waits
+-- for: those neither done nor failed.
 count(*) FILTER (WHERE $parent.state IN ('pending', 'claimed'))
 
 -- fragment: usable(parent, wanted)
@@ -156,13 +156,14 @@ notified AS (
 
 -- name: create_child
 -- Insert a pending todo %(id)s that waits for the todos %(parents)s, or return the live todo that
--- already holds (queue, idempotency_key). The parents are locked and read as they are now
--- (parents_locked): the todo waits for those neither done nor failed, and is not claimable
--- while it waits (next_retry_at in the year 9999, the "blocked" fragment: at the end of
--- idx_todos_scheduled, where no claim's scan of due todos reaches). Once inserted, it is added
--- to each parent's children. Nothing is written when a parent is missing or a dead letter: the
--- manager says which. Without %(max_attempts)s, the queue's default (max_attempts_of).
-WITH parent AS MATERIALIZED ({{parents_locked(%(parents)s::text[])}}),
+-- already holds (queue, idempotency_key). The parents are read, not locked (parents_read): the
+-- todo waits for those neither done nor failed, and is not claimable while it waits
+-- (next_retry_at in the year 9999, the "blocked" fragment: at the end of idx_todos_scheduled,
+-- where no claim's scan of due todos reaches). Once inserted, one row of todo_edges per parent
+-- links it: the parents' rows are not touched. Nothing is written when a parent is missing or a
+-- dead letter: the manager says which. Without %(max_attempts)s, the queue's default
+-- (max_attempts_of).
+WITH parent AS MATERIALIZED ({{parents_read(%(parents)s::text[])}}),
 waiting AS MATERIALIZED (
     SELECT {{waited(parent)}} AS count
       FROM parent
@@ -183,10 +184,9 @@ inserted AS (
     RETURNING {{inserted_columns}}
 ),
 linked AS (
-    UPDATE todos
-       SET children = coalesce(todos.children, '{}') || inserted.id, updated_at = now()
-      FROM inserted
-     WHERE todos.id IN (SELECT id FROM parent)
+    INSERT INTO todo_edges (parent_id, child_id)
+    SELECT parent.id, inserted.id
+      FROM parent, inserted
 ),
 notified AS (
     SELECT pg_notify('switchboard_todos', queue)
@@ -253,20 +253,19 @@ SELECT now() AS now,
 -- Insert many todos, some waiting for others of the batch or for existing todos: the whole
 -- batch or nothing (the manager runs it in a transaction, and rolls it back when a member's key
 -- is held by a live todo). Each row gives, after create_many's columns (batch_rows), its parents
--- (a JSON array of ids), how many of them are members (new, so not done), its children among
--- the members (ids), and its policy. The
--- existing parents, %(existing)s, are locked and read as they are now, as create_child does;
--- nothing is inserted when one is missing or a dead letter. A row without max_attempts takes
+-- (a JSON array of ids), how many of them are members (new, so not done), and its policy. The
+-- existing parents, %(existing)s, are read, not locked, as create_child does (parents_read);
+-- nothing is inserted when one is missing or a dead letter. Each todo inserted is linked to
+-- each of its parents, members or not, by a row of todo_edges. A row without max_attempts takes
 -- its queue's default (max_attempts_of). The answer: one notification per queue, and the todos
 -- inserted (created, without what their creator gave) beside the live todos that hold the keys
 -- of those that were not (not created), whole.
 WITH batch AS (
     SELECT {{batch_columns(given)}}, given.fields -> 13 AS parents,
-           (given.fields ->> 14)::int AS members_waited, given.fields -> 15 AS children,
-           given.fields ->> 16 AS policy
+           (given.fields ->> 14)::int AS members_waited, given.fields ->> 15 AS policy
       FROM {{batch_rows(given)}}
 ),
-parent AS MATERIALIZED ({{parents_locked(%(existing)s::text[])}}),
+parent AS MATERIALIZED ({{parents_read(%(existing)s::text[])}}),
 usable AS MATERIALIZED (
     SELECT {{usable(parent, %(existing)s::text[])}} AS ok
       FROM parent
@@ -275,13 +274,12 @@ turned AS MATERIALIZED ({{batch_turns(batch)}}),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, fair_key, fair_at,
-                       parents, waiting_for, on_parent_failure, children, next_retry_at)
+                       parents, waiting_for, on_parent_failure, next_retry_at)
     SELECT batch.id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
            {{max_attempts_of(batch.max_attempts, batch.queue)}}, priority, concurrency_key,
            batch.fair_key, coalesce(turned.fair_at, now()),
            nullif(ARRAY(SELECT jsonb_array_elements_text(batch.parents)), '{}'),
            members_waited + waiting.existing, policy,
-           nullif(ARRAY(SELECT jsonb_array_elements_text(batch.children)), '{}'),
            CASE WHEN members_waited + waiting.existing > 0 THEN {{blocked}} END
       FROM batch
       LEFT JOIN turned ON turned.id = batch.id
@@ -295,14 +293,10 @@ inserted AS (
     RETURNING {{inserted_columns}}
 ),
 linked AS (
-    UPDATE todos
-       SET children = coalesce(todos.children, '{}') || new.children, updated_at = now()
-      FROM (SELECT edge.parent_id, array_agg(inserted.id ORDER BY inserted.id) AS children
-              FROM inserted
-             CROSS JOIN LATERAL unnest(inserted.parents) AS edge (parent_id)
-             WHERE edge.parent_id IN (SELECT id FROM parent)
-             GROUP BY edge.parent_id) AS new
-     WHERE todos.id = new.parent_id
+    INSERT INTO todo_edges (parent_id, child_id)
+    SELECT edge.parent_id, inserted.id
+      FROM inserted
+     CROSS JOIN LATERAL unnest(inserted.parents) AS edge (parent_id)
 ),
 notified AS (
     SELECT pg_notify('switchboard_todos', queue)

@@ -51,28 +51,30 @@ SELECT todos.id, todos.id IN (SELECT id FROM extended) AS extended,
 
 -- name: complete
 -- Mark a todo done with its result, and unblock the todos waiting for it (their last parent
--- done, they are claimable now, in the same statement). Guard: claimed, same owner.
+-- done, they are claimable now, in the same statement), found through todo_edges: one probe
+-- of its primary key for a todo without children. Guard: claimed, same owner. A child whose
+-- creation raced this statement (created while it ran, not in its snapshot) is left to
+-- repair_blocked (sql/operating.sql).
 WITH completed AS (
 UPDATE todos
    SET state = 'done', result = %(result)s::jsonb, lease_expires_at = NULL,
        completed_at = now(), updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
-   AND {{children_seen(todos)}}
 RETURNING *
 ),
-waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM (SELECT unnest(children) AS child_id FROM completed) AS edge)}}),
-unblocked AS ({{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge, waiting)}}),
+waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM todo_edges WHERE parent_id = ANY (ARRAY(SELECT id FROM completed)))}}),
+unblocked AS ({{unblocked(todo_edges WHERE parent_id = ANY (ARRAY(SELECT id FROM completed)), waiting)}}),
 notified AS ({{notify_unblocked(unblocked)}}),
 finished AS ({{notify_ended(completed WHERE awaited)}})
 SELECT * FROM completed
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
 
 -- name: complete_many
--- Mark many todos done, each with its own result, and unblock the todos waiting for them;
--- returns the ids completed, and (done false) those still held that were left alone because a
--- child of theirs appeared meanwhile (children_seen: the manager runs them again), read only
--- when something was left alone. %(results)s is one JSON object, id to result (null: none):
--- sent as one value, not as two arrays whose every element the client escapes one by one.
+-- Mark many todos done, each with its own result, and unblock the todos waiting for them (as
+-- complete does); returns the ids completed, and (done false) those still held that were left
+-- alone (below), read only when something was left alone. %(results)s is one JSON object, id
+-- to result (null: none): sent as one value, not as two arrays whose every element the client
+-- escapes one by one.
 -- It never waits for a row lock: a todo another session holds locked is left alone too (the
 -- manager runs it again). A claim locks rows that were pending when it began and have been
 -- claimed since (PostgreSQL keeps the lock of a row whose recheck failed), and a claim into a
@@ -94,11 +96,11 @@ UPDATE todos
    SET state = 'done', result = nullif(mine.result, 'null'), lease_expires_at = NULL,
        completed_at = now(), updated_at = now()
   FROM mine
- WHERE todos.id = mine.id AND {{children_seen(todos)}}
-RETURNING todos.id, todos.children, todos.awaited
+ WHERE todos.id = mine.id
+RETURNING todos.id, todos.awaited
 ),
-waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM (SELECT unnest(children) AS child_id FROM completed) AS edge)}}),
-unblocked AS ({{unblocked((SELECT unnest(children) AS child_id FROM completed) AS edge, waiting)}}),
+waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM todo_edges WHERE parent_id = ANY (ARRAY(SELECT id FROM completed)))}}),
+unblocked AS ({{unblocked(todo_edges WHERE parent_id = ANY (ARRAY(SELECT id FROM completed)), waiting)}}),
 notified AS ({{notify_unblocked(unblocked)}}),
 finished AS ({{notify_ended(completed WHERE awaited)}})
 SELECT id, true AS done FROM completed
@@ -134,7 +136,6 @@ UPDATE todos
        completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
-   AND {{children_seen(todos)}}
 RETURNING *
 ),
 lost AS MATERIALIZED ({{lost(failed WHERE state = 'failed')}}),

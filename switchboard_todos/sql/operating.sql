@@ -1,5 +1,6 @@
 -- Operating on todos, as the reaper and operators do: take back expired leases (reap_expired),
--- redrive dead letters (requeue), end leases now (expire_lease), cancel, reprioritise
+-- recount the children whose creation raced a parent's end (repair_blocked), redrive dead
+-- letters (requeue), end leases now (expire_lease), cancel, reprioritise
 -- (set_priority), and read why a guarded statement touched no row (classify_miss).
 -- Format and conventions: shared.sql.
 
@@ -11,7 +12,7 @@
 WITH expired AS (
     SELECT id
       FROM todos
-     WHERE state = 'claimed' AND lease_expires_at <= now() AND {{children_seen(todos)}}
+     WHERE state = 'claimed' AND lease_expires_at <= now()
      {{oldest_batch(lease_expires_at)}}
 ),
 reaped AS (
@@ -27,7 +28,7 @@ reaped AS (
            updated_at = now()
       FROM expired
      WHERE todos.id = expired.id
-    RETURNING todos.id, todos.state, todos.queue, todos.children, todos.awaited
+    RETURNING todos.id, todos.state, todos.queue, todos.awaited
 ),
 lost AS MATERIALIZED ({{lost(reaped WHERE state = 'failed')}}),
 spared AS MATERIALIZED ({{spared(reaped WHERE state = 'failed', lost)}}),
@@ -53,6 +54,68 @@ SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
        coalesce(array_agg(id), '{}') AS ids
   FROM reaped
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
+
+-- name: repair_blocked
+-- Recount the blocked todos created within %(within)s whose count is stale, up to %(limit)s of
+-- them: the one race dependencies leave open (docs/dependencies.md). A child is created without
+-- locking or writing its parents (parents_read in sql/creating.sql), so a parent that ends while
+-- the child is being created can be counted by the child as not ended (the child's snapshot
+-- predates the end), and not be found by the statement ending it (whose snapshot predates the
+-- child): nothing would ever decrement that count. Here a child's count is recomputed from its
+-- parents' states, never decremented: it waits for those pending or claimed. A stale one (it
+-- counts more than that) whose policy is 'cancel' and which has a failed parent becomes a dead
+-- letter saying which (parent_failed), as cancelled_below would have made it; any other takes
+-- the new count, and one left with none is due now and notified, as "unblocked" would have
+-- made it. Its own children are settled by the next run, one level each (the reaper's sweep
+-- runs it until it changes nothing). Rows another session holds are skipped: a statement
+-- finishing a parent holds the child locked, and decrements it itself. The parents are read
+-- in this statement's snapshot, which may be older than the child's row (a parent ending
+-- after it was taken decremented the child already): such a parent is counted as waiting, so
+-- the recount is never too low, only late by one run. The window is on created_at, when the
+-- creating transaction began: a child whose transaction stayed open longer than %(within)s
+-- before it committed is not looked at (repair_blocked(within=...) by hand looks further).
+WITH stale AS MATERIALIZED (
+    SELECT todos.id, counted.waiting, counted.failed
+      FROM todos
+     CROSS JOIN LATERAL (
+            SELECT count(*) FILTER (WHERE parent.state IN ('pending', 'claimed')) AS waiting,
+                   min(parent.id) FILTER (WHERE parent.state = 'failed') AS failed
+              FROM todos AS parent
+             WHERE parent.id = ANY (todos.parents)
+           ) AS counted
+     WHERE todos.state = 'pending' AND todos.waiting_for > 0
+       AND todos.created_at > now() - %(within)s::interval
+       AND counted.waiting < todos.waiting_for
+     LIMIT %(limit)s
+       FOR NO KEY UPDATE OF todos SKIP LOCKED
+),
+cancelled AS (
+    UPDATE todos
+       SET state = 'failed', next_retry_at = NULL, completed_at = now(), updated_at = now(),
+           result = {{parent_failed(stale.failed)}},
+           errors = {{errors_with(NULL, {{parent_failed(stale.failed)}})}},
+           errors_dropped = {{errors_dropped_with}}
+      FROM stale
+     WHERE todos.id = stale.id AND todos.state = 'pending'
+       AND todos.on_parent_failure = 'cancel' AND stale.failed IS NOT NULL
+    RETURNING todos.id, todos.state, todos.awaited
+),
+recounted AS (
+    UPDATE todos
+       SET waiting_for = stale.waiting,
+           next_retry_at = CASE WHEN stale.waiting = 0 THEN now() ELSE todos.next_retry_at END,
+           updated_at = now()
+      FROM stale
+     WHERE todos.id = stale.id AND todos.state = 'pending'
+       AND (todos.on_parent_failure IS DISTINCT FROM 'cancel' OR stale.failed IS NULL)
+    RETURNING todos.id, todos.queue, todos.state, todos.waiting_for
+),
+notified AS ({{notify_unblocked(recounted)}}),
+finished AS ({{notify_ended(cancelled WHERE awaited)}})
+SELECT id, state, waiting_for FROM recounted
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0
+UNION ALL
+SELECT id, state, 0 FROM cancelled;
 
 -- fragment: parents_shared(todos)
 -- The body of a CTE of requeue: the parents of the todos in `todos` (a CTE of ids) that are
@@ -110,18 +173,18 @@ UPDATE todos
 RETURNING todos.*
 ),
 revived_set AS MATERIALIZED (
-    WITH RECURSIVE below (id, children) AS (
-        SELECT child.id, child.children
+    WITH RECURSIVE below (id) AS (
+        SELECT child.id
           FROM requeued
-         CROSS JOIN LATERAL unnest(requeued.children) AS edge (id)
-          JOIN todos AS child ON child.id = edge.id
+          JOIN todo_edges AS edge ON edge.parent_id = requeued.id
+          JOIN todos AS child ON child.id = edge.child_id
          WHERE child.state = 'failed' AND child.result ->> 'type' = 'ParentFailed'
            AND child.result ->> 'parent' = requeued.id
         UNION
-        SELECT child.id, child.children
+        SELECT child.id
           FROM below
-         CROSS JOIN LATERAL unnest(below.children) AS edge (id)
-          JOIN todos AS child ON child.id = edge.id
+          JOIN todo_edges AS edge ON edge.parent_id = below.id
+          JOIN todos AS child ON child.id = edge.child_id
          WHERE child.state = 'failed' AND child.result ->> 'type' = 'ParentFailed'
            AND child.result ->> 'parent' = below.id
     )
@@ -182,7 +245,6 @@ UPDATE todos
        completed_at = now(),
        updated_at = now()
  WHERE id = ANY (%(ids)s::text[]) AND state IN ('pending', 'claimed')
-   AND {{children_seen(todos)}}
 RETURNING *
 ),
 lost AS MATERIALIZED ({{lost(dead)}}),

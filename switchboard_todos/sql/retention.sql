@@ -8,7 +8,14 @@
 -- hash join over a scan of the whole table.
 DELETE FROM todos
  WHERE id = ANY (ARRAY(SELECT id FROM $doomed))
-RETURNING queue, state, completed_at
+RETURNING id, queue, state, completed_at
+
+-- fragment: unlinked(deleted)
+-- The body of a purge's "unlinked" CTE: delete the todo_edges rows of the todos `deleted`
+-- deleted, as parents (the primary key) and as children (idx_todo_edges_child).
+DELETE FROM todo_edges
+ WHERE parent_id = ANY (ARRAY(SELECT id FROM $deleted))
+    OR child_id = ANY (ARRAY(SELECT id FROM $deleted))
 
 -- name: purge_batch
 -- Delete up to %(limit)s finished todos (%(states)s, only done or failed) completed more than
@@ -17,7 +24,7 @@ RETURNING queue, state, completed_at
 -- %(after)s (the newest completed_at of the previous batch) keeps every batch as cheap as the
 -- first: the index entries of rows deleted by earlier batches are never walked again. Returns
 -- the todos deleted per queue and state, with the newest completed_at of each (where the next
--- batch starts).
+-- batch starts). Their edges (todo_edges) are deleted with them.
 WITH doomed AS (
     SELECT id
       FROM todos
@@ -28,7 +35,8 @@ WITH doomed AS (
        AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
      {{oldest_batch(completed_at)}}
 ),
-deleted AS ({{purged(doomed)}})
+deleted AS ({{purged(doomed)}}),
+unlinked AS ({{unlinked(deleted)}})
 SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
   FROM deleted GROUP BY queue, state;
 
@@ -41,7 +49,7 @@ SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
 -- is only ever completed at now(), so no deletable todo appears behind that mark, and the
 -- reaper keeps it from sweep to sweep instead of walking again, every few seconds, past the
 -- finished todos of queues kept for ever. Rows another session holds are skipped. Returns
--- what purge_batch does, and deletes as it does.
+-- what purge_batch does, and deletes as it does, edges included.
 WITH doomed AS (
     SELECT id
       FROM todos
@@ -52,7 +60,8 @@ WITH doomed AS (
        AND %(retention)s::interval <= (SELECT retention FROM todo_queues WHERE name = %(queue)s)
      {{oldest_batch(completed_at)}}
 ),
-deleted AS ({{purged(doomed)}})
+deleted AS ({{purged(doomed)}}),
+unlinked AS ({{unlinked(deleted)}})
 SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
   FROM deleted GROUP BY queue, state;
 

@@ -134,16 +134,6 @@ CASE WHEN $settings.paused AND ($settings.resume_at IS NULL OR $settings.resume_
                 AND holder.slot IS NOT NULL)::int))
 END
 
--- fragment: children_seen(todo)
--- `todo` (the row a statement is about to finish) has no children, or the same ones as in this
--- statement's snapshot. A todo created as its child while the statement waited for the row
--- lock (the creator locks its parents) is not visible to the statement, which could then not
--- unblock or settle it: re-checked on the row as it is now, the guard fails, the statement
--- leaves the row alone, and the manager runs it again, seeing the child. A todo without
--- children pays the IS NULL test only.
-($todo.children IS NULL
- OR $todo.children = (SELECT seen.children FROM todos AS seen WHERE seen.id = $todo.id))
-
 -- fragment: locked_in_order(ids)
 -- The body of a CTE that locks the todos `ids` (a SELECT of ids) in id order before a later
 -- CTE changes them: two statements finishing parents of the same children take turns, and
@@ -156,8 +146,8 @@ SELECT id
 
 -- fragment: unblocked(edges, waiting)
 -- The body of the "unblocked" CTE: each todo named by a `child_id` of `edges` (a FROM item,
--- one row per parent of it that just finished: done, or a dead letter it runs anyway after)
--- counts that many parents fewer, and one left with none becomes due now, claimable as a new
+-- one row per parent of it that just finished: done, or a dead letter it runs anyway after;
+-- todo_edges, or spared) counts that many parents fewer, and one left with none becomes due now, claimable as a new
 -- todo is. The children were locked in id order first, in the CTE `waiting`
 -- (locked_in_order); of 8 parents of one child finishing at once, each decrement sees the one
 -- before. Their state is tested on the rows as they are now (in SET, not in the scans), so
@@ -197,36 +187,36 @@ SELECT pg_notify('switchboard_todos_done', id)
 
 -- fragment: lost(fallen)
 -- The body of the "lost" CTE: the todos to be cancelled because one of `fallen` (a FROM item
--- of rows with id and children, just made dead letters) failed, each with the parent it fails
--- for: those waiting for one with on_parent_failure 'cancel', and in turn those waiting for
--- them. Settling what waits for dead letters takes six CTEs, which fail, reap_expired and
--- cancel write in this order: "lost", "spared" (those that run anyway), "held_below" (all of
--- them locked in id order: locked_in_order), "cancelled_below" (the lost made dead letters
--- saying which parent failed), then "waiting" and "unblocked" (the spared count the failed
--- parent as finished).
-WITH RECURSIVE below (id, children, parent) AS (
-    SELECT child.id, child.children, gone.id
-      FROM (SELECT id, children FROM $fallen) AS gone
-     CROSS JOIN LATERAL unnest(gone.children) AS edge (id)
-      JOIN todos AS child ON child.id = edge.id
+-- of rows with an id, just made dead letters) failed, each with the parent it fails for: those
+-- waiting for one with on_parent_failure 'cancel', and in turn those waiting for them, found
+-- through todo_edges. Settling what waits for dead letters takes six CTEs, which fail,
+-- reap_expired and cancel write in this order: "lost", "spared" (those that run anyway),
+-- "held_below" (all of them locked in id order: locked_in_order), "cancelled_below" (the lost
+-- made dead letters saying which parent failed), then "waiting" and "unblocked" (the spared
+-- count the failed parent as finished).
+WITH RECURSIVE below (id, parent) AS (
+    SELECT child.id, gone.id
+      FROM (SELECT id FROM $fallen) AS gone
+      JOIN todo_edges AS edge ON edge.parent_id = gone.id
+      JOIN todos AS child ON child.id = edge.child_id
      WHERE child.state = 'pending' AND child.on_parent_failure = 'cancel'
     UNION
-    SELECT child.id, child.children, below.id
+    SELECT child.id, below.id
       FROM below
-     CROSS JOIN LATERAL unnest(below.children) AS edge (id)
-      JOIN todos AS child ON child.id = edge.id
+      JOIN todo_edges AS edge ON edge.parent_id = below.id
+      JOIN todos AS child ON child.id = edge.child_id
      WHERE child.state = 'pending' AND child.on_parent_failure = 'cancel'
 )
-SELECT DISTINCT ON (id) id, children, parent FROM below ORDER BY id, parent
+SELECT DISTINCT ON (id) id, parent FROM below ORDER BY id, parent
 
 -- fragment: spared(fallen, lost)
 -- The body of the "spared" CTE: the children of `fallen` and of `lost` (the todos cancelled
 -- with them) that run anyway after a failed parent (on_parent_failure 'run_anyway'), one row
 -- per such parent: the edges that "unblocked" counts.
 SELECT child.id AS child_id
-  FROM (SELECT id, children FROM $fallen UNION ALL SELECT id, children FROM $lost) AS gone
- CROSS JOIN LATERAL unnest(gone.children) AS edge (id)
-  JOIN todos AS child ON child.id = edge.id
+  FROM (SELECT id FROM $fallen UNION ALL SELECT id FROM $lost) AS gone
+  JOIN todo_edges AS edge ON edge.parent_id = gone.id
+  JOIN todos AS child ON child.id = edge.child_id
  WHERE child.on_parent_failure = 'run_anyway'
 
 -- fragment: cancelled_below(lost, held_below)

@@ -1,14 +1,16 @@
 """The reaper loop behind `manage.py reap_todos` and `todo_scheduler`: sweep, sleep, repeat.
 
 A sweep of each database that holds todos (placement.py) takes back expired leases with
-`reap_expired()`, one statement that skips rows another session holds, so any number of
-reapers can run at once; deletes the old done and failed todos of each queue with a retention
-(`retention.purge_retained`, in bounded batches that likewise skip held rows); analyzes the
-todos table once it has outgrown the size the planner last measured eightfold
-(`vacuum.analyze_if_outgrown`: the prepared statements' plans are made from that size); and,
-when schedules are declared, enqueues the periodic todos that fell due (`schedules.run_due`,
-whose ticks are likewise taken once however many schedulers run). `todo_scheduler` does only the
-last. A database that fails does not keep the others from their sweep.
+`reap_expired()`, one statement that skips rows another session holds, so any number of reapers
+can run at once; recounts the blocked todos whose creation raced the end of a parent
+(`repair_blocked()`, docs/dependencies.md: such a child is unblocked by the next sweep); deletes
+the old done and failed todos of each queue with a retention (`retention.purge_retained`, in
+bounded batches that likewise skip held rows); analyzes the todos table once it has outgrown the
+size the planner last measured eightfold (`vacuum.analyze_if_outgrown`: the prepared statements'
+plans are made from that size); and, when schedules are declared, enqueues the periodic todos
+that fell due (`schedules.run_due`, whose ticks are likewise taken once however many schedulers
+run). `todo_scheduler` does only the last. A database that fails does not keep the others from
+their sweep.
 
 Once the first sweep has worked, a database that goes away or turns read-only (`faults`) is
 logged and retried with a capped backoff instead of ending the process: a long-running service
@@ -51,6 +53,7 @@ class Sweep(NamedTuple):
     dead_lettered: int = 0
     enqueued: int = 0  # periodic todos
     purged: int = 0  # old todos deleted by their queue's retention
+    repaired: int = 0  # blocked todos whose stale count was recomputed (repair_blocked)
 
 
 class ReapTotals(NamedTuple):
@@ -62,6 +65,7 @@ class ReapTotals(NamedTuple):
     dead_lettered: int
     enqueued: int = 0
     purged: int = 0
+    repaired: int = 0
 
 
 def describe(result: Sweep | ReapTotals, *, reaping: bool = True, scheduling: bool = False) -> str:
@@ -71,6 +75,8 @@ def describe(result: Sweep | ReapTotals, *, reaping: bool = True, scheduling: bo
         parts.append(f"{result.requeued} requeued, {result.dead_lettered} dead-lettered")
         if result.purged:
             parts.append(f"{result.purged} deleted by retention")
+        if result.repaired:
+            parts.append(f"{result.repaired} blocked todos recounted")
     if scheduling:
         noun = "scheduled todo" if result.enqueued == 1 else "scheduled todos"
         parts.append(f"{result.enqueued} {noun} enqueued")
@@ -148,16 +154,20 @@ class Reaper:
         return result
 
     def _sweep(self, alias: str) -> Sweep:
-        """Reap, apply the queues' retention and schedule in database `alias`."""
+        """Reap, repair stale children, apply the queues' retention and schedule in database
+        `alias`."""
         swept = Sweep()
         if self.reaping:
             reaped = Todo.objects.db_manager(alias).reap_expired()
+            repaired = Todo.objects.db_manager(alias).repair_blocked()
             purged = retention.purge_retained(
                 using=alias,
                 time_limit=self.retention_time_limit,
                 marks=self.retention_marks.setdefault(alias, {}),
             )
-            swept = Sweep(reaped.requeued, reaped.dead_lettered, purged=purged.total)
+            swept = Sweep(
+                reaped.requeued, reaped.dead_lettered, purged=purged.total, repaired=sum(repaired)
+            )
             if purged.total:
                 logger.info(
                     "Retention in database %r: deleted %s%s.",
@@ -190,6 +200,7 @@ class Reaper:
 
     def _run(self) -> ReapTotals:
         sweeps = failed = failures_in_a_row = requeued = dead_lettered = enqueued = purged = 0
+        repaired = 0
         while not self.shutdown.requested:
             sweeps += 1
             try:
@@ -227,10 +238,11 @@ class Reaper:
                 dead_lettered += result.dead_lettered
                 enqueued += result.enqueued
                 purged += result.purged
+                repaired += result.repaired
                 if self.report_idle or any(result):
                     self.report(f"{self.label}: {self.describe(result)}.")
                 pause = self.interval
             if self.max_sweeps is not None and sweeps >= self.max_sweeps:
                 break
             self.shutdown.wait(pause)
-        return ReapTotals(sweeps, failed, requeued, dead_lettered, enqueued, purged)
+        return ReapTotals(sweeps, failed, requeued, dead_lettered, enqueued, purged, repaired)
