@@ -20,7 +20,7 @@ from switchboard_todos.claims.marks import marks
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import queries
 from tests.conftest import run_in_threads
-from tests.test_sql import claim_marks
+from tests.test_sql import claim_marks, explain_generic, nodes
 
 KEYS = ["acme", "globex", "initech", "umbrella"]
 
@@ -214,6 +214,9 @@ def claim_buffers(backlog_keys: int) -> tuple[int, int]:
         cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {queries['claim_next']}", params)
         (plan,) = cursor.fetchone()
         cursor.execute("DELETE FROM todos WHERE queue = 'fair'")
+        # ANALYZE writes its statistics in place, kept past the test's rollback: those of an
+        # empty table again, as the next tests expect.
+        cursor.execute("ANALYZE todos")
     root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
 
     def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -257,3 +260,53 @@ def test_each_agent_is_a_tenant_and_its_keys_are_its_own() -> None:
     assert todo_json(producer)["fair_key"] == "agent:calm/customer-42"
     taken = {todo.id for todo in Todo.objects.claim_batch("default", "w1", 30, 3)}
     assert {mine.id, keyed.id} <= taken
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("statement", ["create_todo", "fair_turns"])
+def test_a_keyed_creates_probes_are_index_scans_in_the_generic_plan(
+    vacuumed: None, statement: str
+) -> None:
+    """The turn of a todo with a fair key reads one entry of idx_todos_pending and one of
+    idx_todos_lane, in the one generic plan a prepared statement keeps (cursors.py): never a
+    scan of the backlog, whose size the plan does not know."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO todos (kind, fair_key, fair_at)"
+            " SELECT 'k', 'key-' || g % 100, now() + g * interval '1 millisecond'"
+            "   FROM generate_series(1, 60000) AS g"
+        )
+        cursor.execute("ANALYZE todos")
+    params = {
+        "queue": "default",
+        "source": "",
+        "kind": "k",
+        "title": "",
+        "payload": "{}",
+        "event_id": None,
+        "idempotency_key": None,
+        "assignee": None,
+        "max_attempts": None,
+        "default_max_attempts": 5,
+        "priority": 0,
+        "concurrency_key": None,
+        "fair_key": "key-7",
+        "run_after": None,
+        "notify": False,
+        "queues": "{default}",
+        "priorities": "{0}",
+        "keys": "{key-7}",
+    }
+    plan = explain_generic(statement, params)
+    reads = {
+        (node["Node Type"], node.get("Index Name"))
+        for node in nodes(plan)
+        if node.get("Relation Name") == "todos" and node["Node Type"] != "ModifyTable"
+    }
+    # (and create_todo's look-up of the live todo holding its key, by idx_todos_dedupe)
+    assert {"idx_todos_pending", "idx_todos_lane"} <= {index for _, index in reads}, reads
+    assert {index for _, index in reads} <= {
+        "idx_todos_pending",
+        "idx_todos_lane",
+        "idx_todos_dedupe",
+    }, reads

@@ -50,7 +50,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("switchboard_todos", "0015_agent_max_bytes_per_minute"),
+        ("switchboard_todos", "0016_fair_shares"),
     ]
 
     operations = [
