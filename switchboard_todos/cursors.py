@@ -124,9 +124,15 @@ def _current(query: Any) -> Any:
     return f"{query}\n/* prepared again: {_generation} */" if _generation else query
 
 
-def cursor(wrapper: BaseDatabaseWrapper) -> CursorWrapper:
-    """A cursor on Django's connection `wrapper` for the todo statements (see above)."""
-    if not conf.PREPARE:
+def cursor(wrapper: BaseDatabaseWrapper, *, prepared: bool = True) -> CursorWrapper:
+    """A cursor on Django's connection `wrapper` for the todo statements (see above).
+
+    `prepared=False` plans each statement at each call, on the table as it is then: for a
+    statement whose best plan depends on the table's size (the turns of fair keys,
+    sql/shared.sql fair_turn), which a generic plan made while the table was nearly empty
+    would read in full at every call until the next ANALYZE.
+    """
+    if not conf.PREPARE or not prepared:
         wrapped = wrapper.cursor()
         _read_timestamps_quickly(wrapper, wrapped.cursor)
         return wrapped
@@ -139,12 +145,12 @@ def cursor(wrapper: BaseDatabaseWrapper) -> CursorWrapper:
             connection.prepare_threshold = EXPLICIT_ONLY
         if conf.GENERIC_PLANS and connection not in _generic:
             _plan_generically(connection)
-        prepared = _kept_cursor(wrapper, connection)
+        kept = _kept_cursor(wrapper, connection)
     wrapper.validate_thread_sharing()
     if wrapper.queries_logged:
-        return LoggingCursorWrapper(prepared, wrapper)
+        return LoggingCursorWrapper(kept, wrapper)
     # django-stubs type this as taking a CursorWrapper; it takes the DB-API cursor.
-    return wrapper.make_cursor(prepared)  # type: ignore[arg-type]
+    return wrapper.make_cursor(kept)  # type: ignore[arg-type]
 
 
 #: The attribute of Django's connection that keeps its cursor for the todo statements

@@ -121,7 +121,8 @@ class Creating(Machinery):
             **_batch_rows(batch, ids),
             "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
         }
-        with self._cursor() as cursor:
+        # With fair keys, planned at each call: their turns' probes (cursors.cursor).
+        with self._cursor(prepared=not any(params["fair_key"] for params in batch)) as cursor:
             cursor.execute(queries["create_many"], columns)
             ((now, defaults, missed, scheduled, next_retry_at, keyed, turns),) = cursor.fetchall()
         made = self._new_todos(
@@ -236,6 +237,7 @@ class Creating(Machinery):
                     columns,
                     extra="created",
                     given=dict(zip(graph.ids, batch, strict=True)).__getitem__,
+                    prepared=not any(params["fair_key"] for params in batch),
                 )
                 if len(created) != len(batch) or not all(made for _, made in created):
                     raise _GraphNotCreated
@@ -340,7 +342,7 @@ class Creating(Machinery):
         if not lanes:
             return [{**row, "fair_at": None} for row in rows]
         queues, priorities, keys = (list(column) for column in zip(*lanes, strict=True))
-        with self._cursor() as cursor:
+        with self._cursor(prepared=False) as cursor:  # planned on the table as it is
             cursor.execute(
                 queries["fair_turns"], {"queues": queues, "priorities": priorities, "keys": keys}
             )
@@ -401,7 +403,13 @@ class Creating(Machinery):
             "id": None if params["parents"] is None else new_todo_id(),
         }
         for _ in range(3):
-            rows = self._run(name, params, extra="created", given=lambda _id: params)
+            rows = self._run(
+                name,
+                params,
+                extra="created",
+                given=lambda _id: params,
+                prepared=params["fair_key"] is None,  # a turn's probes: planned at this call
+            )
             if rows:
                 todo, created = rows[0]
                 return todo, bool(created)

@@ -78,8 +78,8 @@ class Machinery(_TodoManagerBase["Todo"]):
         """This manager pinned to each database a placement has named (`_on_database`)."""
         return {}
 
-    def _cursor(self) -> CursorWrapper:
-        return cursors.cursor(connections[self._db_alias])
+    def _cursor(self, *, prepared: bool = True) -> CursorWrapper:
+        return cursors.cursor(connections[self._db_alias], prepared=prepared)
 
     @cached_property
     def _layouts(self) -> dict[tuple[tuple[bytes | None, ...], str | None], Layout]:
@@ -155,6 +155,7 @@ class Machinery(_TodoManagerBase["Todo"]):
         extra: str | None = None,
         statement: str | None = None,
         given: Callable[[str], Mapping[str, Any]] | None = None,
+        prepared: bool = True,
     ) -> list[tuple[Todo, Any]]:
         """Run statement `name` (or `statement`, composed for this call, under that name);
         build a Todo from each row, matching columns by name.
@@ -164,11 +165,12 @@ class Machinery(_TodoManagerBase["Todo"]):
         names one more column to hand back beside each Todo. A create's rows of new todos (its
         `extra`, created, true) leave out what the creator gave (created_columns in
         sql/creating.sql, CREATED_NULLS): `given` gives those values, validated, of the todo of an
-        id, and the columns' defaults fill in the rest (CREATED_FRESH).
+        id, and the columns' defaults fill in the rest (CREATED_FRESH). `prepared=False`: planned
+        at this call (cursors.cursor).
         """
         alias = self._db_alias
         connection = connections[alias]
-        with cursors.cursor(connection) as cursor:
+        with cursors.cursor(connection, prepared=prepared) as cursor:
             cursor.execute(queries[name] if statement is None else statement, params)
             rows = cursor.fetchall()
             columns = cursors.column_names(cursor)
