@@ -30,6 +30,7 @@ __all__ = [
     "Schedule",
     "State",
     "Todo",
+    "ErrorEntry",
     "new_event_id",
     "new_todo_id",
     "new_todo_ids",
@@ -170,9 +171,8 @@ class Todo(models.Model):
     slot = models.SmallIntegerField(null=True, blank=True, editable=False)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
-    # The failure history: the last SWITCHBOARD_TODOS_MAX_ERRORS_KEPT attempts that failed or
-    # lapsed, oldest first, and how many earlier entries were dropped to keep it that short.
-    errors = models.JSONField(db_default=models.Value([], models.JSONField()))
+    # How many entries of the failure history (`errors`, the TodoError rows) were dropped to
+    # keep it within SWITCHBOARD_TODOS_MAX_ERRORS_KEPT entries and MAX_ERROR_HISTORY_BYTES.
     errors_dropped = models.IntegerField(db_default=0)
     # The holder's latest progress note (heartbeat(progress=...)), any JSON value.
     progress = models.JSONField(null=True, blank=True)
@@ -325,6 +325,14 @@ class Todo(models.Model):
         return self.title or self.kind or self.id
 
     @property
+    def errors(self) -> list[dict[str, Any]]:
+        """The failure history, oldest first: the attempts that failed or expired, each an entry
+        of `attempt`, `owner`, `claimed_at`, `at` and `error`. Its rows are TodoError's, so that
+        a fail writes its own entry and not the whole history again; read from
+        prefetch_related("error_entries") when the queryset had it, else in one query."""
+        return [row.entry for row in self.error_entries.all()]
+
+    @property
     def blocked(self) -> bool:
         """Whether it waits for todos that are not done yet (not claimable until they are)."""
         return self.state == State.PENDING and self.waiting_for > 0
@@ -356,6 +364,38 @@ def parent_results_of(todos: Iterable[Todo]) -> dict[str, dict[str, Any]]:
     }
 
 
+def has_no_history(todo: Todo) -> bool:
+    """Whether `todo`'s failure history is certainly empty without reading it: pending and
+    never claimed since its create (every other transition moves updated_at past created_at)."""
+    return todo.state == State.PENDING and todo.attempt == 0 and todo.updated_at == todo.created_at
+
+
+def last_errors_of(todos: Iterable[Todo]) -> dict[str, Any]:
+    """The error of the last entry of each of `todos`' failure histories, by id, for those that
+    have one: from the prefetched entries, else one query per database they were read from,
+    none when each is prefetched or has_no_history."""
+    found: dict[str, Any] = {}
+    wanted: dict[str | None, set[str]] = {}
+    for todo in todos:
+        prefetched = getattr(todo, "_prefetched_objects_cache", {}).get("error_entries")
+        if prefetched is not None:
+            entries = list(prefetched)
+            if entries:
+                found[todo.id] = entries[-1].entry.get("error")
+        elif not has_no_history(todo):
+            wanted.setdefault(todo._state.db, set()).add(todo.id)
+    for alias, ids in wanted.items():
+        last = (
+            ErrorEntry.objects.using(alias)
+            .filter(todo_id__in=ids)
+            .order_by("todo_id", "-id")
+            .distinct("todo_id")
+            .values_list("todo_id", "entry")
+        )
+        found.update((todo_id, entry.get("error")) for todo_id, entry in last)
+    return found
+
+
 #: An agent's name is the `owner` of every todo it claims: a one-word name, as a queue's.
 AGENT_NAME_MAX_LENGTH = 100
 agent_name_validator = RegexValidator(
@@ -376,6 +416,37 @@ def validate_queue_names(names: list[str]) -> None:
     """Each of an agent's granted queues is a valid queue name (for the admin's form)."""
     for name in names:
         validate_queue_name(name)
+
+
+class ErrorEntry(models.Model):
+    """One entry of a todo's failure history (Todo.errors), a row each: a fail inserts its
+    entry and deletes the oldest beyond the limits, deciding on `size` alone
+    (sql/shared.sql, trimmed), instead of writing the whole history again."""
+
+    # The order of the entries: the entries of one todo are written one at a time, under its
+    # row's lock.
+    id = models.BigAutoField(primary_key=True)
+    # No foreign key constraint: a purge deletes a todo's entries in its own statement, and
+    # TRUNCATE todos needs no CASCADE.
+    todo = models.ForeignKey(
+        Todo,
+        on_delete=models.CASCADE,
+        db_constraint=False,
+        db_index=False,
+        related_name="error_entries",
+    )
+    attempt = models.IntegerField()
+    entry = models.JSONField()
+    # Bytes of the entry's JSON text, what MAX_ERROR_HISTORY_BYTES counts.
+    size = models.IntegerField()
+
+    class Meta:
+        db_table = "todo_errors"
+        ordering = ["id"]
+        indexes = [models.Index(fields=["todo", "id"], name="idx_todo_errors_todo")]
+
+    def __str__(self) -> str:
+        return f"{self.todo_id} #{self.attempt}"
 
 
 class Agent(models.Model):

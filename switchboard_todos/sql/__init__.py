@@ -153,7 +153,6 @@ CREATED_FRESH = frozenset(
         "attempt",
         "slot",
         "result",
-        "errors",
         "errors_dropped",
         "progress",
         "awaited",

@@ -114,8 +114,19 @@ SELECT id, false AS done
 -- name: fail
 -- Record a failed attempt: back to pending after a backoff below the cap, dead letter at it,
 -- settling the todos that wait for it (lost, in shared.sql). %(delays)s is the backoff
--- schedule, one entry per attempt; the last entry repeats.
-WITH failed AS (
+-- schedule, one entry per attempt; the last entry repeats. The todo is locked first ("held"),
+-- so that its entry in the failure history is written with the owner and attempt that ended.
+WITH held AS MATERIALIZED (
+    SELECT id, owner, attempt, claimed_at
+      FROM todos
+     WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+       AND {{children_seen(todos)}}
+       FOR NO KEY UPDATE
+),
+entry AS MATERIALIZED ({{error_entries(held, owner, %(error)s::jsonb)}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}}),
+failed AS (
 UPDATE todos
    SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
        next_retry_at = CASE WHEN attempt < max_attempts THEN now() + coalesce(
@@ -126,18 +137,19 @@ UPDATE todos
        owner = NULL,
        lease_expires_at = NULL,
        result = %(error)s::jsonb,
-       errors = {{errors_with(owner, %(error)s::jsonb)}},
-       errors_dropped = {{errors_dropped_with}},
+       errors_dropped = errors_dropped + {{dropped(trimmed, todos)}},
        completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
        updated_at = now()
- WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
-   AND {{children_seen(todos)}}
+ WHERE id = (SELECT id FROM held)
 RETURNING *
 ),
 lost AS MATERIALIZED ({{lost(failed WHERE state = 'failed')}}),
 spared AS MATERIALIZED ({{spared(failed WHERE state = 'failed', lost)}}),
 held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}),
-cancelled_below AS ({{cancelled_below(lost, held_below)}}),
+entry_below AS MATERIALIZED ({{error_entries({{lost_held(lost, held_below)}}, NULL, {{parent_failed(parent)}})}}),
+trimmed_below AS ({{trimmed(entry_below)}}),
+noted_below AS ({{noted(entry_below)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below, trimmed_below)}}),
 waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
 unblocked AS ({{unblocked(spared, waiting)}}),
 notified AS (

@@ -10,6 +10,12 @@ DELETE FROM todos
  WHERE id = ANY (ARRAY(SELECT id FROM $doomed))
 RETURNING queue, state, completed_at
 
+-- fragment: purged_history(doomed)
+-- The body of a purge's "forgotten" CTE: the failure histories (todo_errors) of the todos
+-- `doomed` picked, deleted with them.
+DELETE FROM todo_errors
+ WHERE todo_id = ANY (ARRAY(SELECT id FROM $doomed))
+
 -- name: purge_batch
 -- Delete up to %(limit)s finished todos (%(states)s, only done or failed) completed more than
 -- %(older_than)s ago and at or after %(after)s, oldest first; one short transaction per batch.
@@ -28,7 +34,8 @@ WITH doomed AS (
        AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
      {{oldest_batch(completed_at)}}
 ),
-deleted AS ({{purged(doomed)}})
+deleted AS ({{purged(doomed)}}),
+forgotten AS ({{purged_history(doomed)}})
 SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
   FROM deleted GROUP BY queue, state;
 
@@ -52,7 +59,8 @@ WITH doomed AS (
        AND %(retention)s::interval <= (SELECT retention FROM todo_queues WHERE name = %(queue)s)
      {{oldest_batch(completed_at)}}
 ),
-deleted AS ({{purged(doomed)}})
+deleted AS ({{purged(doomed)}}),
+forgotten AS ({{purged_history(doomed)}})
 SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
   FROM deleted GROUP BY queue, state;
 

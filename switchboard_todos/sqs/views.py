@@ -24,6 +24,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, transaction
+from django.db.models import prefetch_related_objects
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -315,6 +316,9 @@ async def _messages(
     """The claimed todos as messages. Rendering cannot fail on what a todo holds; if it fails
     all the same, the batch is released (attempts refunded) rather than left claimed."""
     try:
+        if wanted & {"All", "ApproximateFirstReceiveTimestamp"}:
+            # Their failure histories, in one query (_first_claim reads them).
+            await sync_to_async(prefetch_related_objects)(todos, "error_entries")
         return {"Messages": [_message(todo, wanted, attribute_names) for todo in todos]}
     except Exception:
         await sync_to_async(_release_all)(agent, todos)
@@ -366,7 +370,8 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
 
 def _first_claim(todo: Todo) -> datetime | None:
     """When the todo was first received: its failure history's first claim, else this one."""
-    first = todo.errors[0] if isinstance(todo.errors, list) and todo.errors else None
+    history = todo.errors
+    first = history[0] if history else None
     moment = first.get("claimed_at") if isinstance(first, dict) else None
     try:
         return datetime.fromisoformat(moment) if isinstance(moment, str) else todo.claimed_at

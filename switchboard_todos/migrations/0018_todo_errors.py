@@ -1,0 +1,66 @@
+"""The failure history out of the todo's row: one row per entry in todo_errors, so that a fail
+writes its own entry, not the whole history again.
+
+The new table starts empty (its index costs nothing to build); the histories are copied into
+it, oldest entry first, and the `errors` column dropped in the same transaction, under a lock
+that holds back writes to todos (never reads) for the copy alone: an entry a process still
+running the old code appends meanwhile would otherwise be lost with the column. Dropping a
+column rewrites nothing. Unapplied, the histories go back into the column, in order.
+"""
+
+import django.db.models.deletion
+from django.db import migrations, models
+
+COPY = """
+LOCK TABLE todos IN SHARE ROW EXCLUSIVE MODE;
+INSERT INTO todo_errors (todo_id, attempt, entry, size)
+SELECT todos.id, coalesce((item.entry ->> 'attempt')::int, 0), item.entry,
+       octet_length(item.entry::text)
+  FROM todos
+ CROSS JOIN LATERAL jsonb_array_elements(todos.errors) WITH ORDINALITY AS item (entry, n)
+ WHERE todos.errors <> '[]'::jsonb
+ ORDER BY todos.id, item.n;
+"""
+
+COPY_BACK = """
+UPDATE todos
+   SET errors = history.entries
+  FROM (SELECT todo_id, jsonb_agg(entry ORDER BY id) AS entries
+          FROM todo_errors GROUP BY todo_id) AS history
+ WHERE todos.id = history.todo_id;
+"""
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("switchboard_todos", "0015_agent_max_bytes_per_minute"),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name="ErrorEntry",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("attempt", models.IntegerField()),
+                ("entry", models.JSONField()),
+                ("size", models.IntegerField()),
+                (
+                    "todo",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="error_entries",
+                        to="switchboard_todos.todo",
+                    ),
+                ),
+            ],
+            options={
+                "db_table": "todo_errors",
+                "ordering": ["id"],
+                "indexes": [models.Index(fields=["todo", "id"], name="idx_todo_errors_todo")],
+            },
+        ),
+        migrations.RunSQL(COPY, COPY_BACK),
+        migrations.RemoveField(model_name="todo", name="errors"),
+    ]
