@@ -20,6 +20,7 @@ from switchboard_todos import validation
 from switchboard_todos.events import EventManager
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.managers import TodoManager
+from switchboard_todos.managers.rows import HISTORY
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, PERMISSIONS, State
 
 __all__ = [
@@ -327,10 +328,16 @@ class Todo(models.Model):
     @property
     def errors(self) -> list[dict[str, Any]]:
         """The failure history, oldest first: the attempts that failed or expired, each an entry
-        of `attempt`, `owner`, `claimed_at`, `at` and `error`. Its rows are TodoError's, so that
-        a fail writes its own entry and not the whole history again; read from
-        prefetch_related("error_entries") when the queryset had it, else in one query."""
-        return [row.entry for row in self.error_entries.all()]
+        of `attempt`, `owner`, `claimed_at`, `at` and `error`. Its rows are ErrorEntry's, so
+        that a fail writes its own entry and not the whole history again; read in one query,
+        none when known_history knows it."""
+        known = known_history(self)
+        return known if known is not None else [row.entry for row in self.error_entries.all()]
+
+    def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
+        """Reload; the failure history too, which may have grown (it is read again)."""
+        self.__dict__.pop(HISTORY, None)
+        super().refresh_from_db(*args, **kwargs)
 
     @property
     def blocked(self) -> bool:
@@ -364,26 +371,28 @@ def parent_results_of(todos: Iterable[Todo]) -> dict[str, dict[str, Any]]:
     }
 
 
-def has_no_history(todo: Todo) -> bool:
-    """Whether `todo`'s failure history is certainly empty without reading it: pending and
-    never claimed since its create (every other transition moves updated_at past created_at)."""
-    return todo.state == State.PENDING and todo.attempt == 0 and todo.updated_at == todo.created_at
+def known_history(todo: Todo) -> list[dict[str, Any]] | None:
+    """`todo`'s failure history when it is known without a query: read with it
+    (`Todo.objects.with_errors()`), prefetched (`prefetch_related("error_entries")`), or empty
+    for a todo a create just inserted; else None."""
+    if HISTORY in todo.__dict__:
+        return list(todo.__dict__[HISTORY] or [])
+    prefetched = getattr(todo, "_prefetched_objects_cache", {}).get("error_entries")
+    return None if prefetched is None else [row.entry for row in prefetched]
 
 
 def last_errors_of(todos: Iterable[Todo]) -> dict[str, Any]:
     """The error of the last entry of each of `todos`' failure histories, by id, for those that
-    have one: from the prefetched entries, else one query per database they were read from,
-    none when each is prefetched or has_no_history."""
+    have one: one query per database they were read from, none for those whose history is
+    known (known_history)."""
     found: dict[str, Any] = {}
     wanted: dict[str | None, set[str]] = {}
     for todo in todos:
-        prefetched = getattr(todo, "_prefetched_objects_cache", {}).get("error_entries")
-        if prefetched is not None:
-            entries = list(prefetched)
-            if entries:
-                found[todo.id] = entries[-1].entry.get("error")
-        elif not has_no_history(todo):
+        known = known_history(todo)
+        if known is None:
             wanted.setdefault(todo._state.db, set()).add(todo.id)
+        elif known:
+            found[todo.id] = known[-1].get("error")
     for alias, ids in wanted.items():
         last = (
             ErrorEntry.objects.using(alias)

@@ -292,6 +292,9 @@ CLAIM_INDEXES = {
     "idx_todos_slot",
     "todos_pkey",
     "todo_queues_pkey",
+    # The failure history of a todo whose expired lease the claim takes over (taken_over).
+    "idx_todo_errors_todo",
+    "todo_errors_pkey",
 }
 
 

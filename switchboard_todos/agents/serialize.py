@@ -14,7 +14,7 @@ if sys.version_info >= (3, 12):
 else:  # pydantic, which makes the MCP tools' output schema of it, needs this one below 3.12
     from typing_extensions import TypedDict
 
-from switchboard_todos.models import Todo, has_no_history, last_errors_of, parent_results_of
+from switchboard_todos.models import Todo, known_history, last_errors_of, parent_results_of
 
 
 class TodoJSON(TypedDict):
@@ -55,8 +55,8 @@ def todo_json(todo: Todo) -> TodoJSON:
 
 def todos_json(todos: Sequence[Todo]) -> list[TodoJSON]:
     """Each of `todos` in that shape; the results of their parents are read in one query,
-    none when no todo has parents, and their last errors in one more, none when no todo has a
-    failure history (last_errors_of)."""
+    none when no todo has parents, and their last errors in one more, none when every failure
+    history is known (last_errors_of)."""
     results = parent_results_of(todos)
     errors = last_errors_of(todos)
     return [_shaped(todo, results.get(todo.id), errors.get(todo.id)) for todo in todos]
@@ -64,8 +64,8 @@ def todos_json(todos: Sequence[Todo]) -> list[TodoJSON]:
 
 async def atodos_json(todos: Sequence[Todo]) -> list[TodoJSON]:
     """`todos_json` for a caller on the event loop: off it only when it reads something, the
-    results of a todo's parents or the last error of one that may have failed."""
-    if any(todo.parents or not has_no_history(todo) for todo in todos):
+    results of a todo's parents or the failure history of one not just created."""
+    if any(todo.parents or known_history(todo) is None for todo in todos):
         return await sync_to_async(todos_json)(todos)
     return todos_json(todos)
 

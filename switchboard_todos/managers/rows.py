@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 EMPTY_JSON: Mapping[str, Callable[[], Any]] = MappingProxyType({"[]": list, "{}": dict})
 
 
+#: Where a Todo keeps its failure history when it is known without a query (Todo.errors): read
+#: with it (`Todo.objects.with_errors()`), or empty, for a todo just created.
+HISTORY = "error_history"
+
+
+def without_history(todo: Todo) -> Todo:
+    """`todo`, just inserted, marked with its empty failure history: reading it asks nothing."""
+    todo.__dict__[HISTORY] = []
+    return todo
+
+
 class Layout(NamedTuple):
     """Where a Todo's values are in rows of one shape (see `TodoManager._layout`)."""
 

@@ -5,24 +5,37 @@ The new table starts empty (its index costs nothing to build); the histories are
 it, oldest entry first, and the `errors` column dropped in the same transaction, under a lock
 that holds back writes to todos (never reads) for the copy alone: an entry a process still
 running the old code appends meanwhile would otherwise be lost with the column. Dropping a
-column rewrites nothing. Unapplied, the histories go back into the column, in order.
+column rewrites nothing; a constant default on the way back (unapplied) neither. Unapplied,
+the histories go back into the column, in order.
 """
 
 import django.db.models.deletion
 from django.db import migrations, models
 
+#: The histories copied, oldest entry first, and the column dropped; a table without the
+#: column (the switchboard seed's, taken over with --fake-initial) has none to copy.
 COPY = """
 LOCK TABLE todos IN SHARE ROW EXCLUSIVE MODE;
-INSERT INTO todo_errors (todo_id, attempt, entry, size)
-SELECT todos.id, coalesce((item.entry ->> 'attempt')::int, 0), item.entry,
-       octet_length(item.entry::text)
-  FROM todos
- CROSS JOIN LATERAL jsonb_array_elements(todos.errors) WITH ORDINALITY AS item (entry, n)
- WHERE todos.errors <> '[]'::jsonb
- ORDER BY todos.id, item.n;
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_attribute
+                WHERE attrelid = 'todos'::regclass AND attname = 'errors' AND NOT attisdropped)
+    THEN
+        INSERT INTO todo_errors (todo_id, attempt, entry, size)
+        SELECT todos.id, coalesce((item.entry ->> 'attempt')::int, 0), item.entry,
+               octet_length(item.entry::text)
+          FROM todos
+         CROSS JOIN LATERAL jsonb_array_elements(todos.errors) WITH ORDINALITY AS item (entry, n)
+         WHERE todos.errors <> '[]'::jsonb
+         ORDER BY todos.id, item.n;
+        ALTER TABLE todos DROP COLUMN errors;
+    END IF;
+END
+$$;
 """
 
 COPY_BACK = """
+ALTER TABLE todos ADD COLUMN errors jsonb NOT NULL DEFAULT '[]'::jsonb;
 UPDATE todos
    SET errors = history.entries
   FROM (SELECT todo_id, jsonb_agg(entry ORDER BY id) AS entries
@@ -61,6 +74,8 @@ class Migration(migrations.Migration):
                 "indexes": [models.Index(fields=["todo", "id"], name="idx_todo_errors_todo")],
             },
         ),
-        migrations.RunSQL(COPY, COPY_BACK),
-        migrations.RemoveField(model_name="todo", name="errors"),
+        migrations.SeparateDatabaseAndState(
+            database_operations=[migrations.RunSQL(COPY, COPY_BACK)],
+            state_operations=[migrations.RemoveField(model_name="todo", name="errors")],
+        ),
     ]
