@@ -172,9 +172,11 @@ class Todo(models.Model):
     slot = models.SmallIntegerField(null=True, blank=True, editable=False)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
-    # How many entries of the failure history (`errors`, the TodoError rows) were dropped to
-    # keep it within SWITCHBOARD_TODOS_MAX_ERRORS_KEPT entries and MAX_ERROR_HISTORY_BYTES.
+    # How many entries of the failure history (`errors`, the ErrorEntry rows) were dropped to
+    # keep it within SWITCHBOARD_TODOS_MAX_ERRORS_KEPT entries and MAX_ERROR_HISTORY_BYTES, and
+    # the bytes of those kept (their sizes' sum): 0, the history is empty, read without a query.
     errors_dropped = models.IntegerField(db_default=0)
+    errors_bytes = models.BigIntegerField(db_default=0, editable=False)
     # The holder's latest progress note (heartbeat(progress=...)), any JSON value.
     progress = models.JSONField(null=True, blank=True)
     # Someone waits for this todo to finish (wait_for): its end sends a notification.
@@ -372,9 +374,11 @@ def parent_results_of(todos: Iterable[Todo]) -> dict[str, dict[str, Any]]:
 
 
 def known_history(todo: Todo) -> list[dict[str, Any]] | None:
-    """`todo`'s failure history when it is known without a query: read with it
-    (`Todo.objects.with_errors()`), prefetched (`prefetch_related("error_entries")`), or empty
-    for a todo a create just inserted; else None."""
+    """`todo`'s failure history when it is known without a query: empty (no bytes of it,
+    errors_bytes), read with it (`Todo.objects.with_errors()`) or prefetched
+    (`prefetch_related("error_entries")`); else None."""
+    if todo.__dict__.get("errors_bytes") == 0:
+        return []
     if HISTORY in todo.__dict__:
         return list(todo.__dict__[HISTORY] or [])
     prefetched = getattr(todo, "_prefetched_objects_cache", {}).get("error_entries")

@@ -89,6 +89,7 @@ def make_todo(db: None) -> Callable[..., Todo]:
         if created_ago is not None:
             values["created_at"] = TRANSACTION_NOW - created_ago
         history = values.pop("errors", [])
+        values["errors_bytes"] = sum(entry_size(entry) for entry in history)
         todo = Todo.objects.create(**values)
         ErrorEntry.objects.bulk_create(
             ErrorEntry(

@@ -81,7 +81,7 @@ def test_each_writer_keeps_the_history_within_its_bytes(
     after = stored(todo)
     assert [item["attempt"] for item in after.errors] == [3, 4, 5]
     assert after.errors_dropped == 2
-    assert history_bytes(todo) <= 2500
+    assert after.errors_bytes == history_bytes(todo) <= 2500
     assert history_bytes(todo) == sum(entry_size(item) for item in after.errors)
 
 
@@ -113,14 +113,16 @@ def test_a_cancelled_child_records_its_parent_failed(settings: Any, make_todo: M
     settings.SWITCHBOARD_TODOS_MAX_ERRORS_KEPT = 2
     parent, _ = Todo.objects.create_todo(kind="k", max_attempts=1)
     child, _ = Todo.objects.create_todo(kind="k", after=[parent.id], on_parent_failure="cancel")
-    ErrorEntry.objects.bulk_create(
+    made = ErrorEntry.objects.bulk_create(
         ErrorEntry(todo=child, attempt=n, entry=entry(n, 5), size=entry_size(entry(n, 5)))
         for n in (1, 2)
     )
+    Todo.objects.filter(pk=child.pk).update(errors_bytes=sum(row.size for row in made))
     Todo.objects.claim(parent.id, "w1", 60)
     Todo.objects.fail(parent.id, "w1", "boom")
     after = stored(child)
     assert after.state == State.FAILED and after.errors_dropped == 1
+    assert after.errors_bytes == history_bytes(child)
     assert [item["error"]["type"] for item in after.errors] == ["E", "ParentFailed"]
     assert after.errors[-1]["error"]["parent"] == parent.id and after.errors[-1]["owner"] is None
 
@@ -229,6 +231,7 @@ def test_migration_0018_moves_the_histories_and_back() -> None:
         call_command("migrate", "switchboard_todos", verbosity=0, stdout=StringIO())
     assert Todo.objects.get(pk="td_a").errors == history
     assert Todo.objects.get(pk="td_a").errors_dropped == 3
+    assert Todo.objects.get(pk="td_a").errors_bytes == sum(entry_size(item) for item in history)
     assert not Todo.objects.get(pk="td_b").errors
     assert [row.size for row in ErrorEntry.objects.order_by("id")] == [
         entry_size(item) for item in history

@@ -16,7 +16,7 @@ from switchboard_todos import endings, graphs, validation
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict
 from switchboard_todos.managers.machinery import Machinery, async_twin
-from switchboard_todos.managers.rows import instances, parsed, without_history
+from switchboard_todos.managers.rows import instances, parsed
 from switchboard_todos.sql import queries
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, State
 
@@ -193,7 +193,7 @@ class Creating(Machinery):
             )
             values[new.next_retry_at] = scheduled.get(todo_id)
             values[new.created_at] = values[new.updated_at] = now
-            made[todo_id] = without_history(build(parsed(values, layout, connection)))
+            made[todo_id] = build(parsed(values, layout, connection))
         return made
 
     def _create_graph(

@@ -29,7 +29,6 @@ from switchboard_todos.managers.rows import (
     fresh_value,
     instances,
     parsed,
-    without_history,
 )
 from switchboard_todos.querysets import TodoQuerySet
 from switchboard_todos.sql import CREATED_FRESH, CREATED_NULLS, queries
@@ -172,16 +171,13 @@ class Machinery(_TodoManagerBase["Todo"]):
         loaded = []
         for row in rows:
             values = list(layout.pick(row))
-            created = given is not None and row[layout.extra]
-            if created:
+            if given is not None and row[layout.extra]:
                 inserted = given(values[layout.id])
                 for index, attname in layout.given:
                     values[index] = inserted[attname]
                 for index, value in layout.fresh:
                     values[index] = value
             todo = build(parsed(values, layout, connection))
-            if created:
-                without_history(todo)
             loaded.append((todo, None if layout.extra is None else row[layout.extra]))
         self._signal(name, lambda: loaded)
         return loaded

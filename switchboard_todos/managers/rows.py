@@ -24,15 +24,8 @@ if TYPE_CHECKING:
 EMPTY_JSON: Mapping[str, Callable[[], Any]] = MappingProxyType({"[]": list, "{}": dict})
 
 
-#: Where a Todo keeps its failure history when it is known without a query (Todo.errors): read
-#: with it (`Todo.objects.with_errors()`), or empty, for a todo just created.
+#: Where a Todo read by `Todo.objects.with_errors()` keeps its failure history (Todo.errors).
 HISTORY = "error_history"
-
-
-def without_history(todo: Todo) -> Todo:
-    """`todo`, just inserted, marked with its empty failure history: reading it asks nothing."""
-    todo.__dict__[HISTORY] = []
-    return todo
 
 
 class Layout(NamedTuple):

@@ -1,8 +1,9 @@
 """The failure history out of the todo's row: one row per entry in todo_errors, so that a fail
 writes its own entry, not the whole history again.
 
-The new table starts empty (its index costs nothing to build); the histories are copied into
-it, oldest entry first, and the `errors` column dropped in the same transaction, under a lock
+The new table starts empty (its index costs nothing to build); `errors_bytes`, a constant
+default, is added without a rewrite. The histories are copied into the table, oldest entry
+first, each todo's bytes counted, and the `errors` column dropped in the same transaction, under a lock
 that holds back writes to todos (never reads) for the copy alone: an entry a process still
 running the old code appends meanwhile would otherwise be lost with the column. Dropping a
 column rewrites nothing; a constant default on the way back (unapplied) neither. Unapplied,
@@ -28,6 +29,10 @@ BEGIN
          CROSS JOIN LATERAL jsonb_array_elements(todos.errors) WITH ORDINALITY AS item (entry, n)
          WHERE todos.errors <> '[]'::jsonb
          ORDER BY todos.id, item.n;
+        UPDATE todos
+           SET errors_bytes = history.bytes
+          FROM (SELECT todo_id, sum(size) AS bytes FROM todo_errors GROUP BY todo_id) AS history
+         WHERE todos.id = history.todo_id;
         ALTER TABLE todos DROP COLUMN errors;
     END IF;
 END
@@ -50,6 +55,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name="todo",
+            name="errors_bytes",
+            field=models.BigIntegerField(db_default=0, editable=False),
+        ),
         migrations.CreateModel(
             name="ErrorEntry",
             fields=[

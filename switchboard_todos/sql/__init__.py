@@ -154,6 +154,7 @@ CREATED_FRESH = frozenset(
         "slot",
         "result",
         "errors_dropped",
+        "errors_bytes",
         "progress",
         "awaited",
         "claimed_at",

@@ -113,10 +113,11 @@ SELECT id, owner, attempt, claimed_at
  ORDER BY id
    FOR NO KEY UPDATE
 
--- fragment: set_claimed(slot, trimmed)
+-- fragment: set_claimed(slot, entry, trimmed)
 -- What a claim writes: the lease to %(owner)s (lease_end), one more attempt, its slot in a
 -- queue with a concurrency limit (of `slot`, id to slot). A claim that takes over an expired
--- lease counts the entries `trimmed` deleted from its failure history (taken_over). The slots
+-- lease counts its failure history's new entry (`entry`) and the entries `trimmed` deleted
+-- (taken_over). The slots
 -- are gathered once into a JSON object, id to slot, that each row looks itself up in: a
 -- subquery over `slot` per row read the whole CTE for each todo claimed, a cost that grew
 -- with the square of the batch.
@@ -126,8 +127,12 @@ SET state = 'claimed',
     attempt = attempt + 1,
     claimed_at = now(),
     next_retry_at = NULL,
-    errors_dropped = CASE WHEN state = 'claimed' THEN errors_dropped + {{dropped($trimmed, todos)}}
-                     ELSE errors_dropped END,
+    errors_dropped = CASE WHEN state = 'claimed'
+                          THEN errors_dropped + {{dropped($trimmed, todos)}}
+                          ELSE errors_dropped END,
+    errors_bytes = CASE WHEN state = 'claimed'
+                        THEN errors_bytes + {{grown($entry, $trimmed, todos)}}
+                        ELSE errors_bytes END,
     slot = ((SELECT jsonb_object_agg($slot.id, $slot.slot) FROM $slot) ->> todos.id)::smallint,
     updated_at = now()
 
@@ -287,7 +292,7 @@ trimmed AS ({{trimmed(entry)}}),
 noted AS ({{noted(entry)}}),
 claimed AS (
     UPDATE todos
-       {{set_claimed(slot, trimmed)}}
+       {{set_claimed(slot, entry, trimmed)}}
      WHERE id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING todos.*
 ),
@@ -328,7 +333,7 @@ trimmed AS ({{trimmed(entry)}}),
 noted AS ({{noted(entry)}}),
 claimed AS (
     UPDATE todos
-       {{set_claimed(slot, trimmed)}}
+       {{set_claimed(slot, entry, trimmed)}}
      WHERE id = ANY (ARRAY(SELECT id FROM picked))
        AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
             OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
@@ -360,7 +365,7 @@ trimmed AS ({{trimmed(entry)}}),
 noted AS ({{noted(entry)}}),
 claimed AS (
     UPDATE todos
-       {{set_claimed(slot, trimmed)}}
+       {{set_claimed(slot, entry, trimmed)}}
      WHERE id = (SELECT id FROM picked)
        AND (assignee IS NULL OR assignee = %(owner)s)
        AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())

@@ -138,6 +138,7 @@ UPDATE todos
        lease_expires_at = NULL,
        result = %(error)s::jsonb,
        errors_dropped = errors_dropped + {{dropped(trimmed, todos)}},
+       errors_bytes = errors_bytes + {{grown(entry, trimmed, todos)}},
        completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
        updated_at = now()
  WHERE id = (SELECT id FROM held)
@@ -149,7 +150,7 @@ held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT c
 entry_below AS MATERIALIZED ({{error_entries({{lost_held(lost, held_below)}}, NULL, {{parent_failed(parent)}})}}),
 trimmed_below AS ({{trimmed(entry_below)}}),
 noted_below AS ({{noted(entry_below)}}),
-cancelled_below AS ({{cancelled_below(lost, held_below, trimmed_below)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below, entry_below, trimmed_below)}}),
 waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
 unblocked AS ({{unblocked(spared, waiting)}}),
 notified AS (

@@ -25,6 +25,7 @@ reaped AS (
            result = CASE WHEN attempt >= max_attempts THEN jsonb_build_object('type', 'LeaseExpired',
                         'message', 'The lease lapsed on the last attempt.') ELSE result END,
            errors_dropped = errors_dropped + {{dropped(trimmed, todos)}},
+           errors_bytes = errors_bytes + {{grown(entry, trimmed, todos)}},
            completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
            updated_at = now()
      WHERE todos.id = ANY (ARRAY(SELECT id FROM expired))
@@ -36,7 +37,7 @@ held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT c
 entry_below AS MATERIALIZED ({{error_entries({{lost_held(lost, held_below)}}, NULL, {{parent_failed(parent)}})}}),
 trimmed_below AS ({{trimmed(entry_below)}}),
 noted_below AS ({{noted(entry_below)}}),
-cancelled_below AS ({{cancelled_below(lost, held_below, trimmed_below)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below, entry_below, trimmed_below)}}),
 waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
 unblocked AS ({{unblocked(spared, waiting)}}),
 finished AS (
@@ -194,6 +195,7 @@ UPDATE todos
        lease_expires_at = NULL,
        result = jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text),
        errors_dropped = errors_dropped + {{dropped(trimmed, todos)}},
+       errors_bytes = errors_bytes + {{grown(entry, trimmed, todos)}},
        completed_at = now(),
        updated_at = now()
  WHERE id = ANY (ARRAY(SELECT id FROM held))
@@ -205,7 +207,7 @@ held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT c
 entry_below AS MATERIALIZED ({{error_entries({{lost_held(lost, held_below)}}, NULL, {{parent_failed(parent)}})}}),
 trimmed_below AS ({{trimmed(entry_below)}}),
 noted_below AS ({{noted(entry_below)}}),
-cancelled_below AS ({{cancelled_below(lost, held_below, trimmed_below)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below, entry_below, trimmed_below)}}),
 waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
 unblocked AS ({{unblocked(spared, waiting)}}),
 notified AS ({{notify_unblocked(unblocked)}}),

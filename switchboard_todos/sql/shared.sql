@@ -68,7 +68,8 @@ now() + coalesce((SELECT %(ttl)s::interval),
 -- was claimed and when it ended, and `error`, an object with "type" and "message" (trimmed to
 -- SWITCHBOARD_TODOS_MAX_ERROR_BYTES before the statement); with its size, bytes of JSON. Its
 -- "trimmed" CTE (trimmed) makes room for it, its "noted" CTE (noted) inserts it, and the
--- statement adds what trimmed deleted to the todo's errors_dropped (dropped).
+-- statement adds what trimmed deleted to the todo's errors_dropped (dropped), and what the
+-- history grew by to its errors_bytes (grown).
 SELECT todo_id, attempt, entry, octet_length(entry::text) AS size
   FROM (SELECT id AS todo_id, attempt,
                jsonb_build_object('attempt', attempt, 'owner', $owner, 'claimed_at', claimed_at,
@@ -94,7 +95,7 @@ DELETE FROM todo_errors
                ) AS older
          WHERE older.newer >= %(max_errors_kept)s::int
             OR older.bytes + new.size > %(max_error_history_bytes)s::bigint)
-RETURNING todo_id
+RETURNING todo_id, size
 
 -- fragment: noted(entry)
 -- The body of the "noted" CTE: the entries of `entry` inserted.
@@ -108,6 +109,15 @@ SELECT todo_id, attempt, entry, size FROM $entry
 coalesce(((SELECT jsonb_object_agg(todo_id, count)
              FROM (SELECT todo_id, count(*) AS count FROM $trimmed GROUP BY todo_id) AS gone)
           ->> $todo.id)::int, 0)
+
+-- fragment: grown(entry, trimmed, todo)
+-- How many bytes `todo`'s history grew by, for its errors_bytes (the sum of its entries'
+-- sizes, 0 for none): its new entry's (of `entry`), less those `trimmed` deleted; each
+-- gathered once into a JSON object, as dropped's.
+coalesce(((SELECT jsonb_object_agg(todo_id, size) FROM $entry) ->> $todo.id)::bigint, 0)
+- coalesce(((SELECT jsonb_object_agg(todo_id, size)
+               FROM (SELECT todo_id, sum(size) AS size FROM $trimmed GROUP BY todo_id) AS gone)
+            ->> $todo.id)::bigint, 0)
 
 -- fragment: lease_expired
 -- The error of an attempt whose lease expired: recorded by the reaper, or the claim taking over.
@@ -245,14 +255,15 @@ SELECT child.id AS child_id
 -- the statement's "entry_below" CTE are theirs.
 $held_below JOIN $lost USING (id) WHERE $held_below.state = 'pending'
 
--- fragment: cancelled_below(lost, held_below, trimmed)
+-- fragment: cancelled_below(lost, held_below, entry, trimmed)
 -- The body of the "cancelled_below" CTE: the todos of `lost` made dead letters, each saying
--- which parent failed; those locked in `held_below` and pending still (lost_held), the
--- entries `trimmed` deleted from their histories counted.
+-- which parent failed; those locked in `held_below` and pending still (lost_held), their
+-- histories' new entries (`entry`) and the entries `trimmed` deleted counted.
 UPDATE todos
    SET state = 'failed', next_retry_at = NULL, completed_at = now(), updated_at = now(),
        result = {{parent_failed($lost.parent)}},
-       errors_dropped = errors_dropped + {{dropped($trimmed, todos)}}
+       errors_dropped = errors_dropped + {{dropped($trimmed, todos)}},
+       errors_bytes = errors_bytes + {{grown($entry, $trimmed, todos)}}
   FROM $lost
  WHERE todos.id = $lost.id AND todos.id IN (SELECT id FROM $held_below)
    AND todos.state = 'pending'
