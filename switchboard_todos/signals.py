@@ -115,8 +115,13 @@ def send(statement: str, sender: type[Todo], rows: Sequence[tuple[Todo, Any]]) -
         if not signal.has_listeners(sender):
             continue
         if pick is _took_over_an_expired_lease:
-            # The claimed todos' failure histories, in one query, not one per todo.
-            prefetch_related_objects([todo for todo, _ in rows], "error_entries")
+            from switchboard_todos.models import known_history  # models imports this module
+
+            # The failure histories of the claimed todos that have one, in one query, not one
+            # per todo.
+            prefetch_related_objects(
+                [todo for todo, _ in rows if known_history(todo) is None], "error_entries"
+            )
         todos = [todo for todo, extra in rows if pick(todo, extra)]
         if not todos:
             continue

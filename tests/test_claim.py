@@ -188,6 +188,7 @@ def test_empty_json_values_are_separate_objects(make_todo: MakeTodo) -> None:
     make_todo(payload={}, result=[])
     first, second = Todo.objects.claim_batch("default", "w1", 30, limit=2)
     assert first.result == second.result == [] and first.payload == second.payload == {}
+    assert isinstance(first.result, list)
     first.result.append("changed")
     first.payload["changed"] = True
     assert second.result == [] and second.payload == {}

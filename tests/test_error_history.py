@@ -23,6 +23,7 @@ from django.test.utils import CaptureQueriesContext
 from switchboard_todos.agents.serialize import todos_json
 from switchboard_todos.models import ErrorEntry, State, Todo
 from switchboard_todos.upkeep import retention
+from tests.conftest import run_in_threads
 from tests.helpers import MakeTodo, entry_size
 
 #: Bytes of each error of the WAL measurement: the hostile agent's 60 KB errors.
@@ -185,6 +186,42 @@ def test_purges_delete_the_histories_with_their_todos(make_todo: MakeTodo) -> No
     retention.purge(timedelta(days=30), include_failed=True)
     assert not Todo.objects.filter(pk=old.pk).exists()
     assert set(ErrorEntry.objects.values_list("todo_id", flat=True)) == {kept.pk}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reapers_and_claims_racing_record_each_expiry_once(
+    settings: Any, make_todo: MakeTodo
+) -> None:
+    """Two reapers and two claimers race over 60 expired leases with full histories: each
+    expiry is one entry, one entry is dropped for it, and the byte counts stay the sums."""
+    settings.SWITCHBOARD_TODOS_MAX_ERRORS_KEPT = 3
+    todos = [
+        make_todo(
+            state=State.CLAIMED,
+            owner="gone",
+            attempt=3,
+            max_attempts=10,
+            lease_expires_in=timedelta(seconds=-5),
+            errors=[entry(number, 20) for number in range(3)],
+        )
+        for _ in range(60)
+    ]
+
+    def race(index: int) -> None:
+        for _ in range(10):
+            if index < 2:
+                Todo.objects.reap_expired()
+            else:
+                Todo.objects.claim_batch("default", f"w{index}", 60, limit=5)
+
+    run_in_threads(4, race)
+    for todo in todos:
+        after = stored(todo)
+        history = after.errors
+        assert [item["error"]["type"] for item in history] == ["E", "E", "LeaseExpired"]
+        assert history[-1]["owner"] == "gone" and history[-1]["attempt"] == 3
+        assert after.errors_dropped == 1
+        assert after.errors_bytes == history_bytes(todo)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -82,9 +82,12 @@ SELECT todo_id, attempt, entry, octet_length(entry::text) AS size
 -- %(max_error_history_bytes)s bytes (the new entry, whatever its size). Decided on the sizes
 -- alone: the JSON of the history is neither read nor written again, and a fail writes the WAL
 -- of its own entry. The entries of a todo are written under its row's lock, so ids grow with
--- their age.
+-- their age. The entries are those of the statement's snapshot: one another statement added
+-- while this one waited for the row is not seen, and waits for the next entry to be trimmed
+-- (errors_dropped and errors_bytes, counted on the row as it is now, stay right). The
+-- doomed ids are an array, probed through the primary key (as a purge's, purged).
 DELETE FROM todo_errors
- WHERE id IN (
+ WHERE id = ANY (ARRAY(
         SELECT older.id
           FROM $entry AS new
          CROSS JOIN LATERAL (
@@ -94,7 +97,7 @@ DELETE FROM todo_errors
                 WINDOW newest AS (ORDER BY id DESC)
                ) AS older
          WHERE older.newer >= %(max_errors_kept)s::int
-            OR older.bytes + new.size > %(max_error_history_bytes)s::bigint)
+            OR older.bytes + new.size > %(max_error_history_bytes)s::bigint))
 RETURNING todo_id, size
 
 -- fragment: noted(entry)

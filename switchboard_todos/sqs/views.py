@@ -32,7 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 from switchboard_todos import faults, placement, validation
 from switchboard_todos.agents import errors, request_cap, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
-from switchboard_todos.models import Agent, Todo
+from switchboard_todos.models import Agent, Todo, known_history
 from switchboard_todos.sqs import attributes, messages, queue_urls, signing, titles
 
 logger = logging.getLogger("switchboard_todos.sqs")
@@ -316,9 +316,10 @@ async def _messages(
     """The claimed todos as messages. Rendering cannot fail on what a todo holds; if it fails
     all the same, the batch is released (attempts refunded) rather than left claimed."""
     try:
-        if wanted & {"All", "ApproximateFirstReceiveTimestamp"}:
+        unknown = [todo for todo in todos if known_history(todo) is None]
+        if unknown and wanted & {"All", "ApproximateFirstReceiveTimestamp"}:
             # Their failure histories, in one query (_first_claim reads them).
-            await sync_to_async(prefetch_related_objects)(todos, "error_entries")
+            await sync_to_async(prefetch_related_objects)(unknown, "error_entries")
         return {"Messages": [_message(todo, wanted, attribute_names) for todo in todos]}
     except Exception:
         await sync_to_async(_release_all)(agent, todos)
