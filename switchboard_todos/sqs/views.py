@@ -349,12 +349,11 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
         "MD5OfBody": messages.md5_of_body(body),
         "Body": body,
     }
-    system = {
-        "ApproximateReceiveCount": str(todo.attempt),
-        "SentTimestamp": str(_millis(todo.created_at)),
-        "ApproximateFirstReceiveTimestamp": str(_millis(_first_claim(todo))),
+    chosen = {
+        name: value(todo)
+        for name, value in SYSTEM_ATTRIBUTES.items()
+        if "All" in wanted or name in wanted
     }
-    chosen = {name: value for name, value in system.items() if "All" in wanted or name in wanted}
     if chosen:
         message["Attributes"] = chosen
     attributes = messages.attributes_of(todo)
@@ -382,6 +381,15 @@ def _first_claim(todo: Todo) -> datetime | None:
 
 def _millis(moment: datetime | None) -> int:
     return int(moment.timestamp() * 1000) if moment is not None else 0
+
+
+#: A message's system attributes, each worked out only when asked for: the first receive's is
+#: read from the failure history (prefetched by `_messages`).
+SYSTEM_ATTRIBUTES: dict[str, Callable[[Todo], str]] = {
+    "ApproximateReceiveCount": lambda todo: str(todo.attempt),
+    "SentTimestamp": lambda todo: str(_millis(todo.created_at)),
+    "ApproximateFirstReceiveTimestamp": lambda todo: str(_millis(_first_claim(todo))),
+}
 
 
 # The holder's verbs
