@@ -43,7 +43,7 @@ from switchboard_todos.models import Todo  # noqa: E402
 FILL = """
 INSERT INTO todos (id, queue, kind, title, payload, idempotency_key, assignee, state, owner,
                    lease_expires_at, attempt, max_attempts, next_retry_at, waiting_for, result,
-                   errors, created_at, updated_at, claimed_at, completed_at)
+                   created_at, updated_at, claimed_at, completed_at)
 SELECT 'td_' || gen_random_uuid(),
        queue,
        queue || '.' || (ARRAY['send', 'sync', 'index', 'notify'])[1 + n %% 4],
@@ -64,10 +64,6 @@ SELECT 'td_' || gen_random_uuid(),
        CASE WHEN state = 'done' THEN '{"ok": true}'::jsonb
             WHEN state = 'failed' THEN '{"type": "TimeoutError", "message": "upstream"}'::jsonb
        END,
-       CASE WHEN state = 'failed' THEN jsonb_build_array(jsonb_build_object(
-                'attempt', 5, 'owner', 'worker-1', 'at', now(),
-                'error', jsonb_build_object('type', 'TimeoutError', 'message', 'upstream')))
-            ELSE '[]'::jsonb END,
        created,
        created,
        CASE WHEN state <> 'pending' THEN created + interval '1 second' END,

@@ -15,13 +15,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import OuterRef, Subquery
 from django.db.models.functions import Now
 
 from devtools.processes import Child, Children, Console, database_in_words
-from switchboard_todos.models import State, Todo
+from switchboard_todos.models import ErrorEntry, State, Todo
 from switchboard_todos.shutdown import Shutdown
 
 QUEUE = "crash-demo"
+#: The type of a todo's last failure history entry ("LeaseExpired": the reaper took it back).
+LAST_ERROR = Subquery(
+    ErrorEntry.objects.filter(todo=OuterRef("pk")).order_by("-id").values("entry__error__type")[:1]
+)
 KIND = "example.slow"
 #: How long the run may take before it is called a failure.
 DEADLINE = 120.0
@@ -150,8 +155,8 @@ class CrashDemo:
         """Note what changed since the last look, kill the victim when due; True once all done."""
         rows = (
             Todo.objects.filter(id__in=self.seen)
-            .annotate(now=Now())
-            .values("id", "state", "owner", "attempt", "lease_expires_at", "errors", "now")
+            .annotate(now=Now(), last_error=LAST_ERROR)
+            .values("id", "state", "owner", "attempt", "lease_expires_at", "last_error", "now")
         )
         for row in sorted(rows, key=lambda row: row["id"]):
             self.change(row)
@@ -174,7 +179,7 @@ class CrashDemo:
         elif state == State.CLAIMED:
             self.note(f"{who} claimed {todo} (attempt {attempt})")
         elif state == State.PENDING and seen.state == State.CLAIMED:
-            expired = row["errors"] and row["errors"][-1]["error"].get("type") == "LeaseExpired"
+            expired = row["last_error"] == "LeaseExpired"
             how = "the reaper requeued" if expired else "released"
             self.note(f"{how} {todo}: attempt {seen.attempt} of {self.name(seen.owner)} is over")
         elif state == State.DONE:

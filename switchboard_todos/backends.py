@@ -137,7 +137,9 @@ class TodoBackend(BaseTaskBackend):
         `Todo.objects.wait_for`, woken the moment it ends. With queues in several databases,
         each database its queues live in is asked in turn.
         """
-        found = Todo.objects.filter(pk=result_id, source=TASKS_SOURCE, payload__backend=self.alias)
+        found = Todo.objects.filter(
+            pk=result_id, source=TASKS_SOURCE, payload__backend=self.alias
+        ).with_errors()
         aliases = (
             list(placement.by_database(self.queues)) if self.queues else placement.todo_databases()
         )

@@ -105,6 +105,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors += _number("DEFAULT_TTL", low=1, high=43200, error_id="switchboard_todos.E012")
     for name, error_id in (
         ("MAX_ERRORS_KEPT", "switchboard_todos.E013"),
+        ("MAX_ERROR_HISTORY_BYTES", "switchboard_todos.E028"),
         ("MAX_ERROR_BYTES", "switchboard_todos.E014"),
         ("MAX_PROGRESS_BYTES", "switchboard_todos.E015"),
         ("REAP_BATCH", "switchboard_todos.E016"),

@@ -37,9 +37,11 @@ DEFAULTS: dict[str, Any] = {
     # Connection timeouts of the worker's and reaper's connections, over faults.py's defaults
     # (a value of None drops one): libpq parameters, and server settings sent with -c.
     "DATABASE_OPTIONS": {},
-    # A todo's failure history keeps its last MAX_ERRORS_KEPT entries (and counts the ones it
-    # dropped); each entry's error is trimmed to MAX_ERROR_BYTES of JSON.
+    # A todo's failure history keeps its last MAX_ERRORS_KEPT entries, within
+    # MAX_ERROR_HISTORY_BYTES of JSON (the newest entry always), and counts the ones it
+    # dropped; each entry's error is trimmed to MAX_ERROR_BYTES of JSON.
     "MAX_ERRORS_KEPT": 20,
+    "MAX_ERROR_HISTORY_BYTES": 256 * 1024,
     "MAX_ERROR_BYTES": 64 * 1024,
     # Largest progress note a heartbeat stores, in bytes of JSON.
     "MAX_PROGRESS_BYTES": 16 * 1024,
@@ -128,6 +130,10 @@ class Settings:
     @property
     def MAX_ERRORS_KEPT(self) -> int:
         return int(self._get("MAX_ERRORS_KEPT"))
+
+    @property
+    def MAX_ERROR_HISTORY_BYTES(self) -> int:
+        return int(self._get("MAX_ERROR_HISTORY_BYTES"))
 
     @property
     def MAX_ERROR_BYTES(self) -> int:

@@ -20,6 +20,7 @@ from switchboard_todos import validation
 from switchboard_todos.events import EventManager
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.managers import TodoManager
+from switchboard_todos.managers.rows import HISTORY
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, PERMISSIONS, State
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Schedule",
     "State",
     "Todo",
+    "ErrorEntry",
     "new_event_id",
     "new_todo_id",
     "new_todo_ids",
@@ -177,10 +179,11 @@ class Todo(models.Model):
     slot = models.SmallIntegerField(null=True, blank=True, editable=False)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
-    # The failure history: the last SWITCHBOARD_TODOS_MAX_ERRORS_KEPT attempts that failed or
-    # lapsed, oldest first, and how many earlier entries were dropped to keep it that short.
-    errors = models.JSONField(db_default=models.Value([], models.JSONField()))
+    # How many entries of the failure history (`errors`, the ErrorEntry rows) were dropped to
+    # keep it within SWITCHBOARD_TODOS_MAX_ERRORS_KEPT entries and MAX_ERROR_HISTORY_BYTES, and
+    # the bytes of those kept (their sizes' sum): 0, the history is empty, read without a query.
     errors_dropped = models.IntegerField(db_default=0)
+    errors_bytes = models.BigIntegerField(db_default=0, editable=False)
     # The holder's latest progress note (heartbeat(progress=...)), any JSON value.
     progress = models.JSONField(null=True, blank=True)
     # Someone waits for this todo to finish (wait_for): its end sends a notification.
@@ -339,6 +342,20 @@ class Todo(models.Model):
         return self.title or self.kind or self.id
 
     @property
+    def errors(self) -> list[dict[str, Any]]:
+        """The failure history, oldest first: the attempts that failed or expired, each an entry
+        of `attempt`, `owner`, `claimed_at`, `at` and `error`. Its rows are ErrorEntry's, so
+        that a fail writes its own entry and not the whole history again; read in one query,
+        none when known_history knows it."""
+        known = known_history(self)
+        return known if known is not None else [row.entry for row in self.error_entries.all()]
+
+    def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
+        """Reload; the failure history too, which may have grown (it is read again)."""
+        self.__dict__.pop(HISTORY, None)
+        super().refresh_from_db(*args, **kwargs)
+
+    @property
     def blocked(self) -> bool:
         """Whether it waits for todos that are not done yet (not claimable until they are)."""
         return self.state == State.PENDING and self.waiting_for > 0
@@ -395,6 +412,42 @@ class TodoEdge(models.Model):
         return f"{self.child_id} after {self.parent_id}"
 
 
+def known_history(todo: Todo) -> list[dict[str, Any]] | None:
+    """`todo`'s failure history when it is known without a query: empty (no bytes of it,
+    errors_bytes), read with it (`Todo.objects.with_errors()`) or prefetched
+    (`prefetch_related("error_entries")`); else None."""
+    if todo.__dict__.get("errors_bytes") == 0:
+        return []
+    if HISTORY in todo.__dict__:
+        return list(todo.__dict__[HISTORY] or [])
+    prefetched = getattr(todo, "_prefetched_objects_cache", {}).get("error_entries")
+    return None if prefetched is None else [row.entry for row in prefetched]
+
+
+def last_errors_of(todos: Iterable[Todo]) -> dict[str, Any]:
+    """The error of the last entry of each of `todos`' failure histories, by id, for those that
+    have one: one query per database they were read from, none for those whose history is
+    known (known_history)."""
+    found: dict[str, Any] = {}
+    wanted: dict[str | None, set[str]] = {}
+    for todo in todos:
+        known = known_history(todo)
+        if known is None:
+            wanted.setdefault(todo._state.db, set()).add(todo.id)
+        elif known:
+            found[todo.id] = known[-1].get("error")
+    for alias, ids in wanted.items():
+        last = (
+            ErrorEntry.objects.using(alias)
+            .filter(todo_id__in=ids)
+            .order_by("todo_id", "-id")
+            .distinct("todo_id")
+            .values_list("todo_id", "entry")
+        )
+        found.update((todo_id, entry.get("error")) for todo_id, entry in last)
+    return found
+
+
 #: An agent's name is the `owner` of every todo it claims: a one-word name, as a queue's.
 AGENT_NAME_MAX_LENGTH = 100
 agent_name_validator = RegexValidator(
@@ -415,6 +468,37 @@ def validate_queue_names(names: list[str]) -> None:
     """Each of an agent's granted queues is a valid queue name (for the admin's form)."""
     for name in names:
         validate_queue_name(name)
+
+
+class ErrorEntry(models.Model):
+    """One entry of a todo's failure history (Todo.errors), a row each: a fail inserts its
+    entry and deletes the oldest beyond the limits, deciding on `size` alone
+    (sql/shared.sql, trimmed), instead of writing the whole history again."""
+
+    # The order of the entries: the entries of one todo are written one at a time, under its
+    # row's lock.
+    id = models.BigAutoField(primary_key=True)
+    # No foreign key constraint: a purge deletes a todo's entries in its own statement, and
+    # TRUNCATE todos needs no CASCADE.
+    todo = models.ForeignKey(
+        Todo,
+        on_delete=models.CASCADE,
+        db_constraint=False,
+        db_index=False,
+        related_name="error_entries",
+    )
+    attempt = models.IntegerField()
+    entry = models.JSONField()
+    # Bytes of the entry's JSON text, what MAX_ERROR_HISTORY_BYTES counts.
+    size = models.IntegerField()
+
+    class Meta:
+        db_table = "todo_errors"
+        ordering = ["id"]
+        indexes = [models.Index(fields=["todo", "id"], name="idx_todo_errors_todo")]
+
+    def __str__(self) -> str:
+        return f"{self.todo_id} #{self.attempt}"
 
 
 class Agent(models.Model):

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import re
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
+from django.contrib.postgres.aggregates import JSONBAgg
 from django.db import connections, models, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.db.models.functions import Greatest, Now
 from django.db.models.query import ModelIterable
 
 from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.managers.rows import HISTORY
 from switchboard_todos.transitions import State
 from switchboard_todos.validation import Seconds
 
@@ -37,6 +39,22 @@ _PLACEHOLDER = re.compile(r"%%|%s")
 
 class TodoQuerySet(models.QuerySet["Todo"]):
     """`Todo.objects.filter(...)`: Django's queryset, plus claims of the todos it selects."""
+
+    def with_errors(self) -> Self:
+        """These todos with their failure histories, read in the same query (a subquery per
+        todo, the entries aggregated in order): `Todo.errors` then costs none."""
+        from switchboard_todos.models import ErrorEntry
+
+        return self.annotate(
+            **{
+                HISTORY: Subquery(
+                    ErrorEntry.objects.filter(todo=OuterRef("pk"))
+                    .values("todo")
+                    .annotate(entries=JSONBAgg("entry", order_by="id"))
+                    .values("entries")
+                )
+            }
+        )
 
     def claim_next(self, owner: str, ttl: Seconds | None = None) -> Todo | None:
         """Claim the longest-claimable todo of the highest priority this queryset selects."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import prefetch_related_objects
 from django.dispatch import Signal
 
 if TYPE_CHECKING:
@@ -73,7 +74,8 @@ def _took_over_an_expired_lease(todo: Todo, extra: Any) -> bool:
     (A todo the reaper took back earlier in the same transaction as its claim, whose now() is
     the same, would be told twice: transactions do not reap and claim together in practice.)
     """
-    last = todo.errors[-1] if todo.errors else None
+    history = todo.errors
+    last = history[-1] if history else None
     return (
         isinstance(last, dict)
         and last.get("error", {}).get("type") == "LeaseExpired"
@@ -112,6 +114,14 @@ def send(statement: str, sender: type[Todo], rows: Sequence[tuple[Todo, Any]]) -
     for signal, pick in SENT_BY.get(statement, ()):
         if not signal.has_listeners(sender):
             continue
+        if pick is _took_over_an_expired_lease:
+            from switchboard_todos.models import known_history  # models imports this module
+
+            # The failure histories of the claimed todos that have one, in one query, not one
+            # per todo.
+            prefetch_related_objects(
+                [todo for todo, _ in rows if known_history(todo) is None], "error_entries"
+            )
         todos = [todo for todo, extra in rows if pick(todo, extra)]
         if not todos:
             continue

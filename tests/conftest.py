@@ -22,7 +22,8 @@ from psycopg import sql
 
 from devtools import database
 from switchboard_todos.claims.marks import marks
-from switchboard_todos.models import State, Todo
+from switchboard_todos.models import ErrorEntry, State, Todo
+from tests.helpers import entry_size
 
 T = TypeVar("T")
 
@@ -61,6 +62,8 @@ def make_todo(db: None) -> Callable[..., Todo]:
     """Insert a todo in any state; times are offsets from the database clock, never sleeps.
 
     make_todo(state=State.CLAIMED, owner="w1", lease_expires_in=timedelta(seconds=-5))
+
+    `errors`, a list of entries, is written as the todo's failure history.
     """
 
     def make(
@@ -86,7 +89,15 @@ def make_todo(db: None) -> Callable[..., Todo]:
         if created_ago is not None:
             # A todo without a fair key takes its turn when it is created.
             values["created_at"] = values["fair_at"] = TRANSACTION_NOW - created_ago
+        history = values.pop("errors", [])
+        values["errors_bytes"] = sum(entry_size(entry) for entry in history)
         todo = Todo.objects.create(**values)
+        ErrorEntry.objects.bulk_create(
+            ErrorEntry(
+                todo=todo, attempt=entry.get("attempt", 0), entry=entry, size=entry_size(entry)
+            )
+            for entry in history
+        )
         todo.refresh_from_db()
         return todo
 

@@ -21,6 +21,11 @@ from switchboard_todos.models import Agent, Todo
 MakeTodo = Callable[..., Todo]
 
 
+def entry_size(entry: Any) -> int:
+    """Bytes of an entry's JSON as PostgreSQL writes jsonb out (what its `size` counts)."""
+    return len(json.dumps(entry, ensure_ascii=False).encode())
+
+
 def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
     """Poll `condition` until it is truthy and return its value; fail after `timeout` seconds.
 

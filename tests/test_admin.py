@@ -359,7 +359,7 @@ def test_the_detail_page_costs_a_fixed_number_of_queries(
 ) -> None:
     """The queries do not depend on the failure history's length or the event."""
     event = Event.objects.create(source="s", kind="k")
-    plain = make_todo()
+    plain = make_todo(errors=[{"attempt": 1, "owner": "w", "error": {"type": "E"}}])
     busy = make_todo(
         state=State.FAILED,
         event=event,

@@ -126,16 +126,16 @@ def normal(answer: Answer, labels: dict[str, str]) -> tuple[Any, ...]:
         body = body.replace(todo_id, label)
     table = sorted(
         (
-            labels.get(row["id"], "new"),
-            row["state"],
-            row["owner"],
-            row["attempt"],
-            json.dumps(row["result"]),
-            _TIME.sub("<time>", json.dumps(row["errors"])),
-            row["lease_expires_at"] is None,
-            row["next_retry_at"] is None,
+            labels.get(todo.id, "new"),
+            todo.state,
+            todo.owner,
+            todo.attempt,
+            json.dumps(todo.result),
+            _TIME.sub("<time>", json.dumps(todo.errors)),
+            todo.lease_expires_at is None,
+            todo.next_retry_at is None,
         )
-        for row in Todo.objects.values()
+        for todo in Todo.objects.with_errors()
     )
     shown = {k: v for k, v in answer.headers.items() if k in ("content-type", "www-authenticate")}
     return answer.status, shown, json.loads(body) if body else None, table

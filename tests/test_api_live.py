@@ -196,8 +196,9 @@ def test_progress_notes_and_a_cancel_reach_the_agent(server: str) -> None:
 
 
 def test_a_hundred_failures_of_a_mebibyte_keep_a_bounded_history(server: str) -> None:
-    """Each fail sends 1 MiB of error; the todo keeps 20 entries of at most 64 KiB, and counts
-    the 80 it dropped. Before, its history grew by the whole error at every fail."""
+    """Each fail sends 1 MiB of error; the todo keeps the entries of at most 64 KiB that fit in
+    256 KiB (MAX_ERROR_HISTORY_BYTES), three, and counts the 97 it dropped. Before, its history
+    grew by the whole error at every fail."""
     token = accounts.create_agent("churner", claim_queues=["churn"])[1]
     todo, _ = Todo.objects.create_todo(queue="churn", kind="k", max_attempts=1000)
     connections.close_all()
@@ -209,8 +210,9 @@ def test_a_hundred_failures_of_a_mebibyte_keep_a_bounded_history(server: str) ->
             failed = client.post(f"/todos/{todo.id}/fail/", json={"error": error, "retry_in": 0})
             assert failed.status_code == 200, failed.text
     stored = Todo.objects.get(pk=todo.pk)
-    assert (stored.attempt, len(stored.errors), stored.errors_dropped) == (100, 20, 80)
-    assert [entry["attempt"] for entry in stored.errors] == list(range(81, 101))
+    assert (stored.attempt, len(stored.errors), stored.errors_dropped) == (100, 3, 97)
+    assert [entry["attempt"] for entry in stored.errors] == [98, 99, 100]
+    assert stored.errors_bytes <= 256 * 1024
     for entry in stored.errors:
         size = len(json.dumps(entry["error"], separators=(",", ":")).encode())
         assert 60 * 1024 < size <= 64 * 1024

@@ -182,13 +182,14 @@ def test_a_post_init_receiver_sees_every_claimed_todo(make_todo: MakeTodo) -> No
 
 
 def test_empty_json_values_are_separate_objects(make_todo: MakeTodo) -> None:
-    """A fresh todo's errors ([]) and an empty payload ({}) are made, not parsed (EMPTY_JSON in
-    managers.py): each claimed Todo gets its own list and dict, as json.loads would give."""
-    make_todo(payload={})
-    make_todo(payload={})
+    """An empty payload ({}) and an empty list ([]) are made, not parsed (EMPTY_JSON in
+    managers/rows.py): each claimed Todo gets its own dict and list, as json.loads would give."""
+    make_todo(payload={}, result=[])
+    make_todo(payload={}, result=[])
     first, second = Todo.objects.claim_batch("default", "w1", 30, limit=2)
-    assert first.errors == second.errors == [] and first.payload == second.payload == {}
-    first.errors.append("changed")
+    assert first.result == second.result == [] and first.payload == second.payload == {}
+    assert isinstance(first.result, list)
+    first.result.append("changed")
     first.payload["changed"] = True
-    assert second.errors == [] and second.payload == {}
-    assert first.errors is not second.errors and first.payload is not second.payload
+    assert second.result == [] and second.payload == {}
+    assert first.result is not second.result and first.payload is not second.payload

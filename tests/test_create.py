@@ -272,7 +272,7 @@ def test_a_create_does_not_read_back_what_it_sent(make_todo: MakeTodo) -> None:
     assert row["payload"] is row["queue"] is row["kind"] is None
     # Nor what every new todo starts with: the model's defaults fill those in.
     assert CREATED_FRESH < CREATED_NULLS
-    assert row["state"] is row["errors"] is row["attempt"] is row["awaited"] is None
+    assert row["state"] is row["errors_dropped"] is row["attempt"] is row["awaited"] is None
     assert type(made[0][0].state) is str and made[0][0].errors == []
     assert made[0][0].errors is not made[2][0].errors  # each its own list
 

@@ -172,7 +172,8 @@ def explain(name: str, params: dict[str, Any]) -> str:
 
 
 def fill_for_plans() -> None:
-    """40,000 todos over three queues, a quarter in each state, the finished a minute apart."""
+    """40,000 todos over three queues, a quarter in each state, the finished a minute apart;
+    each with two entries in its failure history."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO todos (queue, kind, state, completed_at) "
@@ -181,7 +182,12 @@ def fill_for_plans() -> None:
             "       CASE WHEN n % 4 >= 2 THEN now() - n * interval '1 minute' END "
             "FROM generate_series(1, 40000) AS n"
         )
+        cursor.execute(
+            "INSERT INTO todo_errors (todo_id, attempt, entry, size) "
+            "SELECT id, n, '{}', 2 FROM todos CROSS JOIN generate_series(1, 2) AS n"
+        )
         cursor.execute("ANALYZE todos")
+        cursor.execute("ANALYZE todo_errors")
 
 
 @pytest.mark.parametrize("queues", [None, ["mail", "sms"]])
@@ -200,6 +206,7 @@ def test_purge_walks_the_finished_index(db: None, vacuumed: None, queues: list[s
     walk = r"Limit .*\n\s+->  LockRows .*\n\s+->  Index Scan using idx_todos_finished on todos "
     assert re.search(walk, batch), batch
     assert "Index Cond: (id = ANY" in batch, batch  # the DELETE probes the primary key
+    assert "Index Cond: (todo_id = ANY" in batch, batch  # and the histories' index
     assert "Seq Scan" not in batch, batch
     count = explain("count_purgeable", params)
     assert "idx_todos_finished" in count, count

@@ -178,4 +178,5 @@ def test_a_batch_walks_the_finished_index(db: None) -> None:
     assert "Index Scan using idx_todos_finished on todos " in plan, plan
     assert "Sort" not in plan, plan
     assert "Index Cond: (id = ANY" in plan, plan
+    assert "Index Cond: (todo_id = ANY" in plan, plan
     assert "Seq Scan" not in plan, plan

@@ -13,6 +13,7 @@ from django.db import connection
 import switchboard_todos
 from switchboard_todos import validation
 from switchboard_todos.claims.marks import FROM_HEAD, MARK_SLACK, Marks
+from switchboard_todos.managers.machinery import with_history
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import SOURCE, parse, queries, written
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS, TRANSITIONS
@@ -292,6 +293,9 @@ CLAIM_INDEXES = {
     "idx_todos_slot",
     "todos_pkey",
     "todo_queues_pkey",
+    # The failure history of a todo whose expired lease the claim takes over (taken_over).
+    "idx_todo_errors_todo",
+    "todo_errors_pkey",
 }
 
 
@@ -317,6 +321,7 @@ def test_claim_next_is_an_index_scan_per_queue(
         "limit": 1,
         "max_held": None,
         "max_errors_kept": 20,
+        "max_error_history_bytes": 262144,
         **claim_marks(queues, known=generic),
     }
     plan = explain_generic("claim_next", params) if generic else explain("claim_next", params)
@@ -359,6 +364,7 @@ def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
         "limit": 10,
         "max_held": None,
         "max_errors_kept": 20,
+        "max_error_history_bytes": 262144,
         **claim_marks(["a", "b"], known=True),
     }
     before = explain_generic("claim_next", params)["Total Cost"]
@@ -380,7 +386,7 @@ def test_claim_scans_lock_under_the_largest_claim_limit() -> None:
 
 def test_reap_uses_the_lease_index(backlog: None) -> None:
     """The reaper reads only in-flight rows, through idx_todos_lease."""
-    plan = explain("reap_expired", {"notify": True, "limit": 1000, "max_errors_kept": 20})
+    plan = explain("reap_expired", with_history({"notify": True, "limit": 1000}))
     assert "idx_todos_lease" in {node.get("Index Name") for node in nodes(plan)}
 
 

@@ -520,8 +520,10 @@ def test_any_todo_renders_as_a_message(
     )
     with connections["default"].cursor() as cursor:
         cursor.execute(
-            "INSERT INTO todos (queue, kind, payload, errors) "
-            "VALUES ('jobs', 'sqs', '[1, \"two\"]', '[{\"claimed_at\": \"yesterday\"}]')"
+            "WITH made AS (INSERT INTO todos (queue, kind, payload, errors_bytes)"
+            " VALUES ('jobs', 'sqs', '[1, \"two\"]', 26) RETURNING id)"
+            " INSERT INTO todo_errors (todo_id, attempt, entry, size)"
+            " SELECT id, 0, '{\"claimed_at\": \"yesterday\"}', 26 FROM made"
         )
     sqs = connect(agent)
     received = sqs.receive_message(

@@ -22,8 +22,9 @@ else:  # Django's classes take no type parameters at run time.
     AnyModelAdmin = object
 
 #: The JSON columns, left out of list pages: they can be large and the list never shows them
-#: whole (of a progress note, the todo list reads only its head: todos.py).
-JSON_COLUMNS = ("payload", "result", "errors", "progress")
+#: whole (of a progress note, the todo list reads only its head: todos.py). The failure
+#: history is in its own table (ErrorEntry), read by a todo's page alone.
+JSON_COLUMNS = ("payload", "result", "progress")
 
 
 class ReadOnly:

@@ -14,7 +14,7 @@ if sys.version_info >= (3, 12):
 else:  # pydantic, which makes the MCP tools' output schema of it, needs this one below 3.12
     from typing_extensions import TypedDict
 
-from switchboard_todos.models import Todo, parent_results_of
+from switchboard_todos.models import Todo, known_history, last_errors_of, parent_results_of
 
 
 class TodoJSON(TypedDict):
@@ -56,21 +56,22 @@ def todo_json(todo: Todo) -> TodoJSON:
 
 def todos_json(todos: Sequence[Todo]) -> list[TodoJSON]:
     """Each of `todos` in that shape; the results of their parents are read in one query,
-    none when no todo has parents."""
+    none when no todo has parents, and their last errors in one more, none when every failure
+    history is known (last_errors_of)."""
     results = parent_results_of(todos)
-    return [_shaped(todo, results.get(todo.id)) for todo in todos]
+    errors = last_errors_of(todos)
+    return [_shaped(todo, results.get(todo.id), errors.get(todo.id)) for todo in todos]
 
 
 async def atodos_json(todos: Sequence[Todo]) -> list[TodoJSON]:
-    """`todos_json` for a caller on the event loop: off it only when a todo has parents,
-    whose results it reads."""
-    if any(todo.parents for todo in todos):
+    """`todos_json` for a caller on the event loop: off it only when it reads something, the
+    results of a todo's parents or the failure history of one not just created."""
+    if any(todo.parents or known_history(todo) is None for todo in todos):
         return await sync_to_async(todos_json)(todos)
     return todos_json(todos)
 
 
-def _shaped(todo: Todo, parent_results: dict[str, Any] | None) -> TodoJSON:
-    errors = todo.errors
+def _shaped(todo: Todo, parent_results: dict[str, Any] | None, last_error: Any) -> TodoJSON:
     return {
         "id": todo.id,
         "queue": todo.queue,
@@ -97,7 +98,7 @@ def _shaped(todo: Todo, parent_results: dict[str, Any] | None) -> TodoJSON:
         "completed_at": _time(todo.completed_at),
         "result": todo.result,
         # The error of the last failed or expired attempt, from the todo's history.
-        "last_error": errors[-1].get("error") if isinstance(errors, list) and errors else None,
+        "last_error": last_error,
         # The holder's latest progress note (heartbeat's `progress`).
         "progress": todo.progress,
         # The todos it waits for (`after`), how many are not done yet, and what the done ones

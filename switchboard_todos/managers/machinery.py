@@ -329,9 +329,13 @@ def leased(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def with_history(params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters of a statement that appends to the failure history (errors_with), with
-    how many entries it keeps."""
-    return {**params, "max_errors_kept": conf.MAX_ERRORS_KEPT}
+    """The parameters of a statement that appends to the failure history (error_entries), with
+    how many entries, and bytes of them, it keeps."""
+    return {
+        **params,
+        "max_errors_kept": conf.MAX_ERRORS_KEPT,
+        "max_error_history_bytes": conf.MAX_ERROR_HISTORY_BYTES,
+    }
 
 
 def constraint_name(error: IntegrityError) -> str | None:

@@ -19,9 +19,13 @@ if TYPE_CHECKING:
     from switchboard_todos.models import Todo
 
 
-#: The commonest JSON texts of a todo's columns (a fresh todo's errors, an empty payload), made
+#: The commonest JSON texts of a todo's columns (an empty payload, an empty list), made
 #: without the parser: json.loads cost a claimed todo more than building its Todo.
 EMPTY_JSON: Mapping[str, Callable[[], Any]] = MappingProxyType({"[]": list, "{}": dict})
+
+
+#: Where a Todo read by `Todo.objects.with_errors()` keeps its failure history (Todo.errors).
+HISTORY = "error_history"
 
 
 class Layout(NamedTuple):
@@ -87,7 +91,7 @@ def parsed(values: list[Any], layout: Layout, connection: BaseDatabaseWrapper) -
     for index, field in layout.json:
         text = values[index]
         if text is not None:
-            empty = layout.empty_json.get(text)  # a fresh todo's errors, say
+            empty = layout.empty_json.get(text)  # an empty payload, say
             values[index] = (
                 empty()
                 if empty is not None

@@ -100,22 +100,39 @@ SELECT $room.queue, free.step, free.slot, row_number() OVER (PARTITION BY $room.
        ) AS free
  WHERE $room.concurrency_limit IS NOT NULL
 
--- fragment: set_claimed(slot)
+-- fragment: taken_over(ids)
+-- The body of a claim's "taken_over" CTE: of the todos `ids` (a SELECT of ids) it is about to
+-- claim, those whose expired lease it takes over, locked in id order as they are now; the
+-- claim records each expired attempt in the failure history (its "entry", "trimmed" and
+-- "noted" CTEs: error_entries), as the reaper does.
+SELECT id, owner, attempt, claimed_at
+  FROM todos
+ WHERE id = ANY (ARRAY($ids))
+   AND state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts
+   AND (assignee IS NULL OR assignee = %(owner)s)
+ ORDER BY id
+   FOR NO KEY UPDATE
+
+-- fragment: set_claimed(slot, entry, trimmed)
 -- What a claim writes: the lease to %(owner)s (lease_end), one more attempt, its slot in a
 -- queue with a concurrency limit (of `slot`, id to slot). A claim that takes over an expired
--- lease records the expired attempt in the failure history. The slots are gathered once into
--- a JSON object, id to slot, that each row looks itself up in: a subquery over `slot` per row
--- read the whole CTE for each todo claimed, a cost that grew with the square of the batch.
+-- lease counts its failure history's new entry (`entry`) and the entries `trimmed` deleted
+-- (taken_over). The slots
+-- are gathered once into a JSON object, id to slot, that each row looks itself up in: a
+-- subquery over `slot` per row read the whole CTE for each todo claimed, a cost that grew
+-- with the square of the batch.
 SET state = 'claimed',
     owner = %(owner)s,
     lease_expires_at = {{lease_end(todos)}},
     attempt = attempt + 1,
     claimed_at = now(),
     next_retry_at = NULL,
-    errors = CASE WHEN state = 'claimed' THEN {{errors_with(owner, {{lease_expired}})}}
-             ELSE errors END,
-    errors_dropped = CASE WHEN state = 'claimed' THEN {{errors_dropped_with}}
-                     ELSE errors_dropped END,
+    errors_dropped = CASE WHEN state = 'claimed'
+                          THEN errors_dropped + {{dropped($trimmed, todos)}}
+                          ELSE errors_dropped END,
+    errors_bytes = CASE WHEN state = 'claimed'
+                        THEN errors_bytes + {{grown($entry, $trimmed, todos)}}
+                        ELSE errors_bytes END,
     slot = ((SELECT jsonb_object_agg($slot.id, $slot.slot) FROM $slot) ->> todos.id)::smallint,
     updated_at = now()
 
@@ -275,9 +292,13 @@ slot AS MATERIALIZED (
       FROM picked
       JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
 ),
+taken_over AS MATERIALIZED ({{taken_over(SELECT id FROM picked WHERE id IN (SELECT id FROM expired))}}),
+entry AS MATERIALIZED ({{error_entries(taken_over, owner, {{lease_expired}})}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}}),
 claimed AS (
     UPDATE todos
-       {{set_claimed(slot)}}
+       {{set_claimed(slot, entry, trimmed)}}
      WHERE id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING todos.*
 ),
@@ -314,9 +335,13 @@ slot AS MATERIALIZED (
       FROM picked
       JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
 ),
+taken_over AS MATERIALIZED ({{taken_over(SELECT id FROM picked WHERE id IN (SELECT id FROM expired))}}),
+entry AS MATERIALIZED ({{error_entries(taken_over, owner, {{lease_expired}})}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}}),
 claimed AS (
     UPDATE todos
-       {{set_claimed(slot)}}
+       {{set_claimed(slot, entry, trimmed)}}
      WHERE id = ANY (ARRAY(SELECT id FROM picked))
        AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())
             OR state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts)
@@ -342,9 +367,13 @@ slot AS MATERIALIZED (
       FROM picked
       JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
 ),
+taken_over AS MATERIALIZED ({{taken_over(SELECT id FROM picked)}}),
+entry AS MATERIALIZED ({{error_entries(taken_over, owner, {{lease_expired}})}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}}),
 claimed AS (
     UPDATE todos
-       {{set_claimed(slot)}}
+       {{set_claimed(slot, entry, trimmed)}}
      WHERE id = (SELECT id FROM picked)
        AND (assignee IS NULL OR assignee = %(owner)s)
        AND (state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())

@@ -31,7 +31,7 @@ $todo.id, $todo.queue, $todo.source, $todo.kind, $todo.title, $todo.payload, $to
 $todo.idempotency_key, $todo.assignee, $todo.state, $todo.owner, $todo.lease_expires_at,
 $todo.attempt, $todo.max_attempts, $todo.priority, $todo.concurrency_key, $todo.fair_key,
 $todo.fair_at, $todo.slot,
-$todo.next_retry_at, $todo.result, $todo.errors, $todo.errors_dropped, $todo.progress,
+$todo.next_retry_at, $todo.result, $todo.errors_dropped, $todo.errors_bytes, $todo.progress,
 $todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure,
 $todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
 
@@ -46,7 +46,8 @@ NULL::text AS assignee, NULL::text AS state, NULL::text AS owner,
 NULL::timestamptz AS lease_expires_at, NULL::int AS attempt, $todo.max_attempts,
 NULL::smallint AS priority, NULL::text AS concurrency_key, NULL::text AS fair_key,
 $todo.fair_at, NULL::smallint AS slot,
-$todo.next_retry_at, NULL::jsonb AS result, NULL::jsonb AS errors, NULL::int AS errors_dropped,
+$todo.next_retry_at, NULL::jsonb AS result, NULL::int AS errors_dropped,
+NULL::bigint AS errors_bytes,
 NULL::jsonb AS progress, NULL::boolean AS awaited, $todo.parents, $todo.waiting_for,
 $todo.on_parent_failure, $todo.created_at, $todo.updated_at,
 NULL::timestamptz AS claimed_at, NULL::timestamptz AS completed_at

@@ -117,8 +117,19 @@ SELECT id, false AS done
 -- Record a failed attempt: back to pending after a backoff below the cap, dead letter at it,
 -- settling the todos that wait for it (lost, in shared.sql). A retry with a fair key takes a
 -- new turn (fair_turn): behind the todos its key already has waiting, as a new one would.
--- %(delays)s is the backoff schedule, one entry per attempt; the last entry repeats.
-WITH failed AS (
+-- %(delays)s is the backoff schedule, one entry per attempt; the last entry repeats. The todo
+-- is locked first ("held"), so that its entry in the failure history is written with the
+-- owner and attempt that ended.
+WITH held AS MATERIALIZED (
+    SELECT id, owner, attempt, claimed_at
+      FROM todos
+     WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+       FOR NO KEY UPDATE
+),
+entry AS MATERIALIZED ({{error_entries(held, owner, %(error)s::jsonb)}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}}),
+failed AS (
 UPDATE todos
    SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
        next_retry_at = CASE WHEN attempt < max_attempts THEN now() + coalesce(
@@ -131,17 +142,20 @@ UPDATE todos
        owner = NULL,
        lease_expires_at = NULL,
        result = %(error)s::jsonb,
-       errors = {{errors_with(owner, %(error)s::jsonb)}},
-       errors_dropped = {{errors_dropped_with}},
+       errors_dropped = errors_dropped + {{dropped(trimmed, todos)}},
+       errors_bytes = errors_bytes + {{grown(entry, trimmed, todos)}},
        completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
        updated_at = now()
- WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+ WHERE id = (SELECT id FROM held)
 RETURNING *
 ),
 lost AS MATERIALIZED ({{lost(failed WHERE state = 'failed')}}),
 spared AS MATERIALIZED ({{spared(failed WHERE state = 'failed', lost)}}),
 held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}),
-cancelled_below AS ({{cancelled_below(lost, held_below)}}),
+entry_below AS MATERIALIZED ({{error_entries({{lost_held(lost, held_below)}}, NULL, {{parent_failed(parent)}})}}),
+trimmed_below AS ({{trimmed(entry_below)}}),
+noted_below AS ({{noted(entry_below)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below, entry_below, trimmed_below)}}),
 waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
 unblocked AS ({{unblocked(spared, waiting)}}),
 notified AS (

@@ -9,12 +9,15 @@
 -- them when their attempts are used up (settling the todos that wait for them: lost, in
 -- shared.sql): one bounded batch, which the reaper repeats while batches come back full. Rows
 -- another session is transitioning right now are skipped, so reapers never block or race.
-WITH expired AS (
-    SELECT id
+WITH expired AS MATERIALIZED (
+    SELECT id, owner, attempt, claimed_at
       FROM todos
      WHERE state = 'claimed' AND lease_expires_at <= now()
      {{oldest_batch(lease_expires_at)}}
 ),
+entry AS MATERIALIZED ({{error_entries(expired, owner, {{lease_expired}})}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}}),
 reaped AS (
     UPDATE todos
        SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
@@ -22,18 +25,20 @@ reaped AS (
            lease_expires_at = NULL,
            result = CASE WHEN attempt >= max_attempts THEN jsonb_build_object('type', 'LeaseExpired',
                         'message', 'The lease lapsed on the last attempt.') ELSE result END,
-           errors = {{errors_with(owner, {{lease_expired}})}},
-           errors_dropped = {{errors_dropped_with}},
+           errors_dropped = errors_dropped + {{dropped(trimmed, todos)}},
+           errors_bytes = errors_bytes + {{grown(entry, trimmed, todos)}},
            completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
            updated_at = now()
-      FROM expired
-     WHERE todos.id = expired.id
+     WHERE todos.id = ANY (ARRAY(SELECT id FROM expired))
     RETURNING todos.id, todos.state, todos.queue, todos.awaited
 ),
 lost AS MATERIALIZED ({{lost(reaped WHERE state = 'failed')}}),
 spared AS MATERIALIZED ({{spared(reaped WHERE state = 'failed', lost)}}),
 held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}),
-cancelled_below AS ({{cancelled_below(lost, held_below)}}),
+entry_below AS MATERIALIZED ({{error_entries({{lost_held(lost, held_below)}}, NULL, {{parent_failed(parent)}})}}),
+trimmed_below AS ({{trimmed(entry_below)}}),
+noted_below AS ({{noted(entry_below)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below, entry_below, trimmed_below)}}),
 waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
 unblocked AS ({{unblocked(spared, waiting)}}),
 finished AS (
@@ -75,7 +80,8 @@ SELECT count(*) FILTER (WHERE state = 'pending') AS requeued,
 -- creating transaction began: a child whose transaction stayed open longer than %(within)s
 -- before it committed is not looked at (repair_blocked(within=...) by hand looks further).
 WITH stale AS MATERIALIZED (
-    SELECT todos.id, counted.waiting, counted.failed
+    SELECT todos.id, todos.attempt, todos.claimed_at, todos.on_parent_failure, counted.waiting,
+           counted.failed
       FROM todos
      CROSS JOIN LATERAL (
             SELECT count(*) FILTER (WHERE parent.state IN ('pending', 'claimed')) AS waiting,
@@ -89,12 +95,15 @@ WITH stale AS MATERIALIZED (
      LIMIT %(limit)s
        FOR NO KEY UPDATE OF todos SKIP LOCKED
 ),
+entry AS MATERIALIZED ({{error_entries(stale WHERE on_parent_failure = 'cancel' AND failed IS NOT NULL, NULL, {{parent_failed(failed)}})}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}}),
 cancelled AS (
     UPDATE todos
        SET state = 'failed', next_retry_at = NULL, completed_at = now(), updated_at = now(),
            result = {{parent_failed(stale.failed)}},
-           errors = {{errors_with(NULL, {{parent_failed(stale.failed)}})}},
-           errors_dropped = {{errors_dropped_with}}
+           errors_dropped = errors_dropped + {{dropped(trimmed, todos)}},
+           errors_bytes = errors_bytes + {{grown(entry, trimmed, todos)}}
       FROM stale
      WHERE todos.id = stale.id AND todos.state = 'pending'
        AND todos.on_parent_failure = 'cancel' AND stale.failed IS NOT NULL
@@ -233,24 +242,38 @@ SELECT * FROM expired WHERE (SELECT count(*) FROM notified) >= 0;
 -- recorded as the result and in the failure history (with the attempt it ended, for a claimed
 -- one), and the todos that wait for them are settled (lost, in shared.sql). A claimed todo's
 -- lease ends, and it keeps its owner (cancelled_hold): the holder's next heartbeat, complete,
--- fail or release is told it was cancelled. Guard: pending or claimed.
-WITH dead AS (
+-- fail or release is told it was cancelled. Guard: pending or claimed, tested as the todos are
+-- locked in id order ("held"), so that each entry is written with the attempt that ended.
+WITH held AS MATERIALIZED (
+    SELECT id, owner, attempt, claimed_at
+      FROM todos
+     WHERE id = ANY (%(ids)s::text[]) AND state IN ('pending', 'claimed')
+     ORDER BY id
+       FOR NO KEY UPDATE
+),
+entry AS MATERIALIZED ({{error_entries(held, owner, jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text))}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}}),
+dead AS (
 UPDATE todos
    SET state = 'failed',
        next_retry_at = NULL,
        lease_expires_at = NULL,
        result = jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text),
-       errors = {{errors_with(owner, jsonb_build_object('type', 'Cancelled', 'message', %(reason)s::text))}},
-       errors_dropped = {{errors_dropped_with}},
+       errors_dropped = errors_dropped + {{dropped(trimmed, todos)}},
+       errors_bytes = errors_bytes + {{grown(entry, trimmed, todos)}},
        completed_at = now(),
        updated_at = now()
- WHERE id = ANY (%(ids)s::text[]) AND state IN ('pending', 'claimed')
+ WHERE id = ANY (ARRAY(SELECT id FROM held))
 RETURNING *
 ),
 lost AS MATERIALIZED ({{lost(dead)}}),
 spared AS MATERIALIZED ({{spared(dead, lost)}}),
 held_below AS MATERIALIZED ({{locked_in_order(SELECT id FROM lost UNION SELECT child_id FROM spared)}}),
-cancelled_below AS ({{cancelled_below(lost, held_below)}}),
+entry_below AS MATERIALIZED ({{error_entries({{lost_held(lost, held_below)}}, NULL, {{parent_failed(parent)}})}}),
+trimmed_below AS ({{trimmed(entry_below)}}),
+noted_below AS ({{noted(entry_below)}}),
+cancelled_below AS ({{cancelled_below(lost, held_below, entry_below, trimmed_below)}}),
 waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM spared)}}),
 unblocked AS ({{unblocked(spared, waiting)}}),
 notified AS ({{notify_unblocked(unblocked)}}),

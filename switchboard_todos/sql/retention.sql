@@ -17,6 +17,12 @@ DELETE FROM todo_edges
  WHERE parent_id = ANY (ARRAY(SELECT id FROM $deleted))
     OR child_id = ANY (ARRAY(SELECT id FROM $deleted))
 
+-- fragment: purged_history(doomed)
+-- The body of a purge's "forgotten" CTE: the failure histories (todo_errors) of the todos
+-- `doomed` picked, deleted with them.
+DELETE FROM todo_errors
+ WHERE todo_id = ANY (ARRAY(SELECT id FROM $doomed))
+
 -- name: purge_batch
 -- Delete up to %(limit)s finished todos (%(states)s, only done or failed) completed more than
 -- %(older_than)s ago and at or after %(after)s, oldest first; one short transaction per batch.
@@ -36,7 +42,8 @@ WITH doomed AS (
      {{oldest_batch(completed_at)}}
 ),
 deleted AS ({{purged(doomed)}}),
-unlinked AS ({{unlinked(deleted)}})
+unlinked AS ({{unlinked(deleted)}}),
+forgotten AS ({{purged_history(doomed)}})
 SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
   FROM deleted GROUP BY queue, state;
 
@@ -61,7 +68,8 @@ WITH doomed AS (
      {{oldest_batch(completed_at)}}
 ),
 deleted AS ({{purged(doomed)}}),
-unlinked AS ({{unlinked(deleted)}})
+unlinked AS ({{unlinked(deleted)}}),
+forgotten AS ({{purged_history(doomed)}})
 SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
   FROM deleted GROUP BY queue, state;
 

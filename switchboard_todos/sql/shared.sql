@@ -85,21 +85,66 @@ coalesce(greatest(
 -- and requeue clear it), so that the holder can be told "cancelled" rather than "not yours".
 ($todo.state = 'failed' AND $todo.owner IS NOT NULL AND $todo.result ->> 'type' = 'Cancelled')
 
--- fragment: errors_with(owner, error)
--- The failure history (`errors`) with one more entry: the attempt that ended, who held it, when
--- it was claimed and when it ended, and `error`, an object with "type" and "message" (trimmed
--- to SWITCHBOARD_TODOS_MAX_ERROR_BYTES before the statement). Only the last
--- %(max_errors_kept)s entries are kept; errors_dropped_with counts the ones this drops, and
--- every statement that writes one writes the other.
-jsonb_path_query_array(
-    errors || jsonb_build_array(jsonb_build_object(
-        'attempt', attempt, 'owner', $owner, 'claimed_at', claimed_at, 'at', now(),
-        'error', $error)),
-    '$[last - $kept + 1 to last]', jsonb_build_object('kept', %(max_errors_kept)s::int))
+-- fragment: error_entries(todos, owner, error)
+-- The body of the "entry" CTE of a statement that appends to the failure history (todo_errors,
+-- a row an entry): for each row of `todos` (a FROM item of todos as the statement locked them,
+-- before it changes them) the entry of the attempt that ended: who held it (`owner`), when it
+-- was claimed and when it ended, and `error`, an object with "type" and "message" (trimmed to
+-- SWITCHBOARD_TODOS_MAX_ERROR_BYTES before the statement); with its size, bytes of JSON. Its
+-- "trimmed" CTE (trimmed) makes room for it, its "noted" CTE (noted) inserts it, and the
+-- statement adds what trimmed deleted to the todo's errors_dropped (dropped), and what the
+-- history grew by to its errors_bytes (grown).
+SELECT todo_id, attempt, entry, octet_length(entry::text) AS size
+  FROM (SELECT id AS todo_id, attempt,
+               jsonb_build_object('attempt', attempt, 'owner', $owner, 'claimed_at', claimed_at,
+                                  'at', now(), 'error', $error) AS entry
+          FROM $todos) AS made
 
--- fragment: errors_dropped_with
--- `errors_dropped` plus the entries errors_with drops from the history, in the same SET.
-errors_dropped + greatest(0, jsonb_array_length(errors) + 1 - %(max_errors_kept)s::int)
+-- fragment: trimmed(entry)
+-- The body of the "trimmed" CTE: the oldest entries of each todo of `entry` deleted, so that
+-- with its new one it keeps at most %(max_errors_kept)s entries and
+-- %(max_error_history_bytes)s bytes (the new entry, whatever its size). Decided on the sizes
+-- alone: the JSON of the history is neither read nor written again, and a fail writes the WAL
+-- of its own entry. The entries of a todo are written under its row's lock, so ids grow with
+-- their age. The entries are those of the statement's snapshot: one another statement added
+-- while this one waited for the row is not seen, and waits for the next entry to be trimmed
+-- (errors_dropped and errors_bytes, counted on the row as it is now, stay right). The
+-- doomed ids are an array, probed through the primary key (as a purge's, purged).
+DELETE FROM todo_errors
+ WHERE id = ANY (ARRAY(
+        SELECT older.id
+          FROM $entry AS new
+         CROSS JOIN LATERAL (
+                SELECT id, row_number() OVER newest AS newer, sum(size) OVER newest AS bytes
+                  FROM todo_errors
+                 WHERE todo_errors.todo_id = new.todo_id
+                WINDOW newest AS (ORDER BY id DESC)
+               ) AS older
+         WHERE older.newer >= %(max_errors_kept)s::int
+            OR older.bytes + new.size > %(max_error_history_bytes)s::bigint))
+RETURNING todo_id, size
+
+-- fragment: noted(entry)
+-- The body of the "noted" CTE: the entries of `entry` inserted.
+INSERT INTO todo_errors (todo_id, attempt, entry, size)
+SELECT todo_id, attempt, entry, size FROM $entry
+
+-- fragment: dropped(trimmed, todo)
+-- How many entries of `todo`'s history `trimmed` (the "trimmed" CTE) deleted, for its
+-- errors_dropped: counted once into a JSON object, id to count, that each row looks itself up
+-- in (as set_claimed's slots), not by a scan of `trimmed` per row.
+coalesce(((SELECT jsonb_object_agg(todo_id, count)
+             FROM (SELECT todo_id, count(*) AS count FROM $trimmed GROUP BY todo_id) AS gone)
+          ->> $todo.id)::int, 0)
+
+-- fragment: grown(entry, trimmed, todo)
+-- How many bytes `todo`'s history grew by, for its errors_bytes (the sum of its entries'
+-- sizes, 0 for none): its new entry's (of `entry`), less those `trimmed` deleted; each
+-- gathered once into a JSON object, as dropped's.
+coalesce(((SELECT jsonb_object_agg(todo_id, size) FROM $entry) ->> $todo.id)::bigint, 0)
+- coalesce(((SELECT jsonb_object_agg(todo_id, size)
+               FROM (SELECT todo_id, sum(size) AS size FROM $trimmed GROUP BY todo_id) AS gone)
+            ->> $todo.id)::bigint, 0)
 
 -- fragment: lease_expired
 -- The error of an attempt whose lease expired: recorded by the reaper, or the claim taking over.
@@ -137,8 +182,9 @@ END
 -- fragment: locked_in_order(ids)
 -- The body of a CTE that locks the todos `ids` (a SELECT of ids) in id order before a later
 -- CTE changes them: two statements finishing parents of the same children take turns, and
--- never deadlock.
-SELECT id
+-- never deadlock. What the failure history's entry of each needs (error_entries) is read as
+-- the row is now.
+SELECT id, state, attempt, claimed_at
   FROM todos
  WHERE id = ANY (ARRAY($ids))
  ORDER BY id
@@ -189,11 +235,12 @@ SELECT pg_notify('switchboard_todos_done', id)
 -- The body of the "lost" CTE: the todos to be cancelled because one of `fallen` (a FROM item
 -- of rows with an id, just made dead letters) failed, each with the parent it fails for: those
 -- waiting for one with on_parent_failure 'cancel', and in turn those waiting for them, found
--- through todo_edges. Settling what waits for dead letters takes six CTEs, which fail,
+-- through todo_edges. Settling what waits for dead letters takes nine CTEs, which fail,
 -- reap_expired and cancel write in this order: "lost", "spared" (those that run anyway),
--- "held_below" (all of them locked in id order: locked_in_order), "cancelled_below" (the lost
--- made dead letters saying which parent failed), then "waiting" and "unblocked" (the spared
--- count the failed parent as finished).
+-- "held_below" (all of them locked in id order: locked_in_order), "entry_below",
+-- "trimmed_below" and "noted_below" (the entry of each in its failure history: lost_held),
+-- "cancelled_below" (the lost made dead letters saying which parent failed), then "waiting"
+-- and "unblocked" (the spared count the failed parent as finished).
 WITH RECURSIVE below (id, parent) AS (
     SELECT child.id, gone.id
       FROM (SELECT id FROM $fallen) AS gone
@@ -219,14 +266,21 @@ SELECT child.id AS child_id
   JOIN todos AS child ON child.id = edge.child_id
  WHERE child.on_parent_failure = 'run_anyway'
 
--- fragment: cancelled_below(lost, held_below)
+-- fragment: lost_held(lost, held_below)
+-- The FROM item of the todos of `lost` that "cancelled_below" ends: those locked in
+-- `held_below` and pending still, with the parent each fails for; the history's entries of
+-- the statement's "entry_below" CTE are theirs.
+$held_below JOIN $lost USING (id) WHERE $held_below.state = 'pending'
+
+-- fragment: cancelled_below(lost, held_below, entry, trimmed)
 -- The body of the "cancelled_below" CTE: the todos of `lost` made dead letters, each saying
--- which parent failed; those locked in `held_below` and pending still.
+-- which parent failed; those locked in `held_below` and pending still (lost_held), their
+-- histories' new entries (`entry`) and the entries `trimmed` deleted counted.
 UPDATE todos
    SET state = 'failed', next_retry_at = NULL, completed_at = now(), updated_at = now(),
        result = {{parent_failed($lost.parent)}},
-       errors = {{errors_with(NULL, {{parent_failed($lost.parent)}})}},
-       errors_dropped = {{errors_dropped_with}}
+       errors_dropped = errors_dropped + {{dropped($trimmed, todos)}},
+       errors_bytes = errors_bytes + {{grown($entry, $trimmed, todos)}}
   FROM $lost
  WHERE todos.id = $lost.id AND todos.id IN (SELECT id FROM $held_below)
    AND todos.state = 'pending'

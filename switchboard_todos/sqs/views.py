@@ -25,6 +25,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, transaction
+from django.db.models import prefetch_related_objects
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -32,7 +33,7 @@ from django.views.decorators.csrf import csrf_exempt
 from switchboard_todos import faults, placement, validation
 from switchboard_todos.agents import errors, request_cap, serialize, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
-from switchboard_todos.models import Agent, Todo
+from switchboard_todos.models import Agent, Todo, known_history
 from switchboard_todos.sqs import attributes, messages, queue_urls, signing, titles
 
 logger = logging.getLogger("switchboard_todos.sqs")
@@ -333,6 +334,10 @@ async def _messages(
     """The claimed todos as messages. Rendering cannot fail on what a todo holds; if it fails
     all the same, the batch is released (attempts refunded) rather than left claimed."""
     try:
+        unknown = [todo for todo in todos if known_history(todo) is None]
+        if unknown and wanted & {"All", "ApproximateFirstReceiveTimestamp"}:
+            # Their failure histories, in one query (_first_claim reads them).
+            await sync_to_async(prefetch_related_objects)(unknown, "error_entries")
         return {"Messages": [_message(todo, wanted, attribute_names) for todo in todos]}
     except Exception:
         await sync_to_async(_release_all)(agent, todos)
@@ -362,15 +367,15 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
         "MD5OfBody": messages.md5_of_body(body),
         "Body": body,
     }
-    system = {
-        "ApproximateReceiveCount": str(todo.attempt),
-        "SentTimestamp": str(_millis(todo.created_at)),
-        "ApproximateFirstReceiveTimestamp": str(_millis(_first_claim(todo))),
+    chosen = {
+        name: value(todo)
+        for name, value in SYSTEM_ATTRIBUTES.items()
+        if "All" in wanted or name in wanted
     }
     group = serialize.key_as_given(todo, todo.fair_key)
     if todo.fair_key is not None and todo.fair_key != todo.source and group is not None:
-        system["MessageGroupId"] = group
-    chosen = {name: value for name, value in system.items() if "All" in wanted or name in wanted}
+        if "All" in wanted or "MessageGroupId" in wanted:
+            chosen["MessageGroupId"] = group
     if chosen:
         message["Attributes"] = chosen
     attributes = messages.attributes_of(todo)
@@ -387,7 +392,8 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
 
 def _first_claim(todo: Todo) -> datetime | None:
     """When the todo was first received: its failure history's first claim, else this one."""
-    first = todo.errors[0] if isinstance(todo.errors, list) and todo.errors else None
+    history = todo.errors
+    first = history[0] if history else None
     moment = first.get("claimed_at") if isinstance(first, dict) else None
     try:
         return datetime.fromisoformat(moment) if isinstance(moment, str) else todo.claimed_at
@@ -397,6 +403,15 @@ def _first_claim(todo: Todo) -> datetime | None:
 
 def _millis(moment: datetime | None) -> int:
     return int(moment.timestamp() * 1000) if moment is not None else 0
+
+
+#: A message's system attributes, each worked out only when asked for: the first receive's is
+#: read from the failure history (prefetched by `_messages`).
+SYSTEM_ATTRIBUTES: dict[str, Callable[[Todo], str]] = {
+    "ApproximateReceiveCount": lambda todo: str(todo.attempt),
+    "SentTimestamp": lambda todo: str(_millis(todo.created_at)),
+    "ApproximateFirstReceiveTimestamp": lambda todo: str(_millis(_first_claim(todo))),
+}
 
 
 # The holder's verbs
