@@ -523,7 +523,7 @@ def test_any_todo_renders_as_a_message(
             "WITH made AS (INSERT INTO todos (queue, kind, payload, errors_bytes)"
             " VALUES ('jobs', 'sqs', '[1, \"two\"]', 26) RETURNING id)"
             " INSERT INTO todo_errors (todo_id, attempt, entry, size)"
-            " SELECT id, 0, '{\"claimed_at\": \"yesterday\"}', 26 FROM made"
+            ' SELECT id, 0, \'{"claimed_at": "yesterday"}\', 26 FROM made'
         )
     sqs = connect(agent)
     received = sqs.receive_message(

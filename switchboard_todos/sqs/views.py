@@ -372,10 +372,10 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
         for name, value in SYSTEM_ATTRIBUTES.items()
         if "All" in wanted or name in wanted
     }
-    group = serialize.key_as_given(todo, todo.fair_key)
-    if todo.fair_key is not None and todo.fair_key != todo.source and group is not None:
-        if "All" in wanted or "MessageGroupId" in wanted:
-            chosen["MessageGroupId"] = group
+    # The group the sender gave (SQS fair queues): none for the agent's own default.
+    group = None if todo.fair_key == todo.source else serialize.key_as_given(todo, todo.fair_key)
+    if group is not None and ("All" in wanted or "MessageGroupId" in wanted):
+        chosen["MessageGroupId"] = group
     if chosen:
         message["Attributes"] = chosen
     attributes = messages.attributes_of(todo)
