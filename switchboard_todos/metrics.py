@@ -58,7 +58,7 @@ class TodoCollector(Collector):
         tenants = {
             shares.queue: shares.keys
             for alias in databases
-            for shares in stats.fair_shares(using=alias)
+            for shares in stats.fair_shares(top=0, using=alias)
         }
         healths = {alias: vacuum.vacuum_health(alias) for alias in databases}
         window = f"{WINDOW.total_seconds():g} seconds"

@@ -157,7 +157,8 @@ class QueueHealth:
 # order), one probe of idx_todos_lane per (queue, priority, key): the age of a key is that of the
 # todo it has waited longest to have claimed. A retry takes a new turn behind its key's todos, so
 # its older creation time is not the head's: reading every keyed todo's created_at would cost a
-# heap read each, three to five times the statement.
+# heap read each, three to five times the statement. With %(top)s 0 (the metrics) no head is
+# read, and each queue keeps one row for its counts.
 _FAIR_SHARES = """
 WITH lanes AS (
     SELECT queue, priority, fair_key, count(*) AS depth
@@ -170,13 +171,14 @@ keyed AS (
     SELECT lanes.queue, lanes.fair_key,
            sum(lanes.depth)::bigint AS depth, min(head.created_at) AS oldest
       FROM lanes
-     CROSS JOIN LATERAL (
+      LEFT JOIN LATERAL (
         SELECT lane.created_at
           FROM todos AS lane
          WHERE lane.state = 'pending' AND lane.fair_key = lanes.fair_key
            AND lane.queue = lanes.queue AND lane.priority = lanes.priority
+           AND %(top)s > 0
          ORDER BY lane.fair_at
-         LIMIT 1) AS head
+         LIMIT 1) AS head ON true
      GROUP BY lanes.queue, lanes.fair_key
 ),
 ranked AS (
@@ -190,7 +192,7 @@ ranked AS (
 )
 SELECT queue, keys, keyed, fair_key, depth, now() - oldest AS oldest_age, by_depth, by_age
   FROM ranked
- WHERE by_depth <= %(top)s OR by_age <= %(top)s
+ WHERE by_depth <= greatest(%(top)s, 1) OR by_age <= %(top)s
  ORDER BY queue, fair_key
 """
 
@@ -269,7 +271,8 @@ def fair_shares(
 ) -> list[FairShares]:
     """Return the tenants waiting in every queue (or in `queues`) of database `using` that has
     pending todos with a fair key, by name, with its `top` keys by depth and by age: one
-    statement over idx_todos_lane alone."""
+    statement over idx_todos_lane alone. `top=0` counts the keys without ranking them, at the
+    cost of the index-only scan alone."""
     wanted = None if queues is None else list(queues)
     with _cursor(using) as cursor:
         cursor.execute(_FAIR_SHARES, {"queues": wanted, "top": top})

@@ -148,6 +148,10 @@ def test_fair_shares_count_the_keys_waiting_and_rank_them(tenants: None) -> None
     assert found[1].unkeyed(health["mail"]) == 0
     assert found[1].unkeyed(None) == 0
     assert stats.fair_shares(["mail"], top=1)[0].keys == 1
+    assert stats.fair_shares(top=0) == [
+        stats.FairShares("imports", 3, 6, (), ()),
+        stats.FairShares("mail", 1, 1, (), ()),
+    ]
     assert stats.fair_shares(["billing"]) == []
 
 
