@@ -127,6 +127,7 @@ def test_create_todo_reads_the_queue_row_only_without_max_attempts(
         "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
         "priority": 0,
         "concurrency_key": None,
+        "fair_key": None,
         "run_after": None,
         "notify": False,
     }
