@@ -339,7 +339,7 @@ class QueueAdmin(QueueModelAdmin):
         alias = databases.chosen(request)
         query = databases.query(request)
         todos = reverse("admin:switchboard_todos_todo_changelist")
-        tenants = {shares.queue: shares.keys for shares in stats.fair_shares(using=alias)}
+        tenants = {shares.queue: shares.keys for shares in stats.fair_shares(top=0, using=alias)}
         rows = [
             QueueRow(
                 view,
