@@ -19,11 +19,14 @@ def pending_index_size() -> int:
 
 
 def bloat_the_pending_index() -> None:
-    """30,000 ready todos, all then claimed and done, vacuumed: the index keeps its pages."""
+    """30,000 ready todos, all then claimed and done, vacuumed: the index keeps its pages. Each
+    takes its creation time as its turn, as a todo without a fair key does: 30,000 equal turns
+    would be deduplicated into a few pages."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO todos (kind, created_at) "
-            "SELECT 'k', now() - n * interval '1 millisecond' FROM generate_series(1, 30000) n"
+            "INSERT INTO todos (kind, created_at, fair_at) "
+            "SELECT 'k', at, at FROM (SELECT now() - n * interval '1 millisecond' AS at"
+            "                           FROM generate_series(1, 30000) n) AS made"
         )
         cursor.execute("UPDATE todos SET state = 'done', completed_at = now()")
         cursor.execute("VACUUM todos")
