@@ -46,15 +46,20 @@ STATES = [
 
 
 class TodoCollector(Collector):
-    """Reads the numbers at each scrape, in each database that holds todos: two statements on
-    the queue, two on catalog views. A queue lives in one database, so `queue` names it; the
-    vacuum gauges are per database."""
+    """Reads the numbers at each scrape, in each database that holds todos: a statement for the
+    queues' numbers, one for their tenants (fair keys), two on catalog views. A queue lives in
+    one database, so `queue` names it; the vacuum gauges are per database."""
 
     def collect(self) -> Iterator[Metric]:
         databases = placement.todo_databases()
         rows = [
             row for alias in databases for row in stats.queue_health(recent=WINDOW, using=alias)
         ]
+        tenants = {
+            shares.queue: shares.keys
+            for alias in databases
+            for shares in stats.fair_shares(top=0, using=alias)
+        }
         healths = {alias: vacuum.vacuum_health(alias) for alias in databases}
         window = f"{WINDOW.total_seconds():g} seconds"
         todos = GaugeMetricFamily(
@@ -71,6 +76,10 @@ class TodoCollector(Collector):
         dead = _per_queue(
             "dead_lettered_recently", f"Todos dead-lettered within the last {window}."
         )
+        keys = _per_queue(
+            "fair_keys_waiting",
+            "Fair keys (tenants) with pending todos: ready, in backoff, or blocked.",
+        )
         for row in rows:
             for label, field, _meaning in STATES:
                 todos.add_metric([row.queue, label], getattr(row, field))
@@ -78,7 +87,8 @@ class TodoCollector(Collector):
             oldest.add_metric([row.queue], 0.0 if age is None else age.total_seconds())
             done.add_metric([row.queue], row.done_recently)
             dead.add_metric([row.queue], row.dead_lettered_recently)
-        yield from (todos, oldest, done, dead)
+            keys.add_metric([row.queue], tenants.get(row.queue, 0))
+        yield from (todos, oldest, done, dead, keys)
         yield from _vacuum_metrics(healths)
 
 

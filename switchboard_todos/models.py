@@ -247,11 +247,11 @@ class Todo(models.Model):
             # The claim scan: one index scan per queue, stopping at the first unlocked row, in
             # priority order, then turn (fair_at: creation time without a fair key). The seed's
             # index, narrowed to todos not waiting for a retry, so that a backlog of retries is
-            # never walked past to find ready work.
+            # never walked past to find ready work. Its creation times ride along, so that the
+            # health page's ready counts and oldest age read the index alone (stats.py).
             models.Index(
-                F("queue"),
-                F("priority").desc(),
-                F("fair_at"),
+                fields=["queue", "-priority", "fair_at"],
+                include=["created_at"],
                 condition=Q(state=State.PENDING, next_retry_at__isnull=True),
                 name="idx_todos_pending",
             ),

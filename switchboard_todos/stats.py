@@ -1,4 +1,5 @@
-"""Queue health and cheap lookups of what exists, for the admin and `manage.py todo_stats`.
+"""Queue health, the tenants (fair keys) waiting in each queue, and cheap lookups of what exists,
+for the admin, `manage.py todo_stats` and the metrics.
 
 Every query here reads a partial index (see `Todo.Meta.indexes`) or skips through an index, so its
 cost follows the work in flight and the number of queues, not the millions of done todos.
@@ -21,6 +22,8 @@ VALUES_LIMIT = 500
 RECENT = timedelta(hours=24)
 #: How many of the newest todos the list of kinds is read from.
 RECENT_TODOS = 10_000
+#: How many fair keys a queue's tenants show, the deepest and the longest waiting.
+TOP_KEYS = 5
 
 # An index skip scan: each step asks the index for the first value after the previous one, so
 # finding the distinct values costs one probe per value instead of a read of every row.
@@ -145,10 +148,53 @@ class QueueHealth:
 
     def as_json(self) -> dict[str, Any]:
         """The row for monitoring: the age in seconds, None when nothing is ready."""
-        row = asdict(self)
-        age = self.oldest_ready_age
-        row["oldest_ready_age"] = None if age is None else round(age.total_seconds(), 3)
-        return row
+        return {**asdict(self), "oldest_ready_age": _seconds(self.oldest_ready_age)}
+
+
+# The tenants of each queue: its fair keys with pending todos (ready, in backoff or blocked).
+# "lanes" is an index-only scan of idx_todos_lane, grouped: its cost follows the keyed pending
+# todos (docs/operating.md, measured). "keyed" reads each lane's head (its first todo in turn
+# order), one probe of idx_todos_lane per (queue, priority, key): the age of a key is that of the
+# todo it has waited longest to have claimed. A retry takes a new turn behind its key's todos, so
+# its older creation time is not the head's: reading every keyed todo's created_at would cost a
+# heap read each, three to five times the statement. With %(top)s 0 (the metrics) no head is
+# read, and each queue keeps one row for its counts.
+_FAIR_SHARES = """
+WITH lanes AS (
+    SELECT queue, priority, fair_key, count(*) AS depth
+      FROM todos
+     WHERE state = 'pending' AND fair_key IS NOT NULL
+       AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
+     GROUP BY queue, priority, fair_key
+),
+keyed AS (
+    SELECT lanes.queue, lanes.fair_key,
+           sum(lanes.depth)::bigint AS depth, min(head.created_at) AS oldest
+      FROM lanes
+      LEFT JOIN LATERAL (
+        SELECT lane.created_at
+          FROM todos AS lane
+         WHERE lane.state = 'pending' AND lane.fair_key = lanes.fair_key
+           AND lane.queue = lanes.queue AND lane.priority = lanes.priority
+           AND %(top)s > 0
+         ORDER BY lane.fair_at
+         LIMIT 1) AS head ON true
+     GROUP BY lanes.queue, lanes.fair_key
+),
+ranked AS (
+    SELECT queue, fair_key, depth, oldest,
+           count(*) OVER per_queue AS keys,
+           (sum(depth) OVER per_queue)::bigint AS keyed,
+           row_number() OVER (PARTITION BY queue ORDER BY depth DESC, fair_key) AS by_depth,
+           row_number() OVER (PARTITION BY queue ORDER BY oldest, fair_key) AS by_age
+      FROM keyed
+    WINDOW per_queue AS (PARTITION BY queue)
+)
+SELECT queue, keys, keyed, fair_key, depth, now() - oldest AS oldest_age, by_depth, by_age
+  FROM ranked
+ WHERE by_depth <= greatest(%(top)s, 1) OR by_age <= %(top)s
+ ORDER BY queue, fair_key
+"""
 
 
 def queue_health(
@@ -170,6 +216,85 @@ def queue_health(
             {"queues": wanted, "limit": VALUES_LIMIT, "recent": recent, "blocked": BLOCKED_UNTIL},
         )
         return [QueueHealth(*row) for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class FairKey:
+    """One tenant of a queue: a fair key with pending todos."""
+
+    key: str
+    depth: int
+    """Its pending todos: ready, in backoff or before their run_after, blocked."""
+    oldest_age: timedelta
+    """How long its first todo in turn order (at any priority) has existed: what it has waited
+    longest to have claimed."""
+
+    @property
+    def oldest(self) -> str:
+        return format_age(self.oldest_age)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"key": self.key, "depth": self.depth, "oldest_age": _seconds(self.oldest_age)}
+
+
+@dataclass(frozen=True)
+class FairShares:
+    """The tenants waiting in one queue: how many keys, and the top ones by depth and by age."""
+
+    queue: str
+    keys: int
+    """Fair keys with pending todos."""
+    keyed: int
+    """The pending todos of those keys."""
+    by_depth: tuple[FairKey, ...]
+    """The keys with the most pending todos, deepest first (at most `top`)."""
+    by_age: tuple[FairKey, ...]
+    """The keys whose first todo in turn order is the oldest, oldest first (at most `top`)."""
+
+    def unkeyed(self, health: QueueHealth | None) -> int:
+        """The queue's pending todos without a key (one lane): all pending (`health`, read by
+        another statement) less the keyed ones, so off by the todos written between the two."""
+        pending = 0 if health is None else health.ready + health.scheduled + health.blocked
+        return max(pending - self.keyed, 0)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "keys": self.keys,
+            "keyed": self.keyed,
+            "by_depth": [key.as_json() for key in self.by_depth],
+            "by_age": [key.as_json() for key in self.by_age],
+        }
+
+
+def fair_shares(
+    queues: Iterable[str] | None = None, *, top: int = TOP_KEYS, using: str | None = None
+) -> list[FairShares]:
+    """Return the tenants waiting in every queue (or in `queues`) of database `using` that has
+    pending todos with a fair key, by name, with its `top` keys by depth and by age: one
+    statement over idx_todos_lane alone. `top=0` counts the keys without ranking them, at the
+    cost of the index-only scan alone."""
+    wanted = None if queues is None else list(queues)
+    with _cursor(using) as cursor:
+        cursor.execute(_FAIR_SHARES, {"queues": wanted, "top": top})
+        rows = cursor.fetchall()
+    found: dict[str, list[Any]] = {}
+    for queue, keys, keyed, key, depth, age, by_depth, by_age in rows:
+        found.setdefault(queue, [keys, keyed, [], []])
+        fair = FairKey(key, depth, age)
+        if by_depth <= top:
+            found[queue][2].append((by_depth, fair))
+        if by_age <= top:
+            found[queue][3].append((by_age, fair))
+    return [
+        FairShares(
+            queue,
+            keys,
+            keyed,
+            tuple(fair for _rank, fair in sorted(deepest)),
+            tuple(fair for _rank, fair in sorted(oldest)),
+        )
+        for queue, (keys, keyed, deepest, oldest) in found.items()
+    ]
 
 
 def distinct_values(
@@ -205,6 +330,10 @@ def format_age(age: timedelta) -> str:
         if len(parts) == 2:
             break
     return " ".join(parts) or "0 s"
+
+
+def _seconds(age: timedelta | None) -> float | None:
+    return None if age is None else round(age.total_seconds(), 3)
 
 
 def _cursor(using: str | None) -> Any:

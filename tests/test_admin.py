@@ -16,6 +16,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos.admin import AdminTodoQuerySet, EstimatedCountPaginator, TodoAdmin
+from switchboard_todos.admin.filters import active_filters
 from switchboard_todos.models import Event, State, Todo
 from tests.helpers import MakeTodo
 
@@ -200,6 +201,32 @@ def test_queue_kind_and_assignee_filters(admin_client: Client) -> None:
     assert {t.assignee for t in shown("?assignee=-")} == {None}
 
 
+def test_the_fair_key_filter(admin_client: Client, make_todo: MakeTodo) -> None:
+    """A key typed in lists its pending todos, with the list's other filters kept in the form;
+    no key is read to offer choices."""
+    wanted = [
+        make_todo(queue="imports", fair_key="customer-7"),
+        make_todo(queue="imports", fair_key="customer-7", priority=5),
+        make_todo(queue="imports", fair_key="customer-7", next_retry_in=timedelta(minutes=5)),
+    ]
+    make_todo(queue="imports", fair_key="customer-7", state=State.DONE)
+    make_todo(queue="mail", fair_key="customer-7")
+    make_todo(queue="imports", fair_key="customer-8")
+    make_todo(queue="imports")
+    response = admin_client.get(CHANGELIST + "?queue=imports&fair_key=customer-7")
+    assert {t.pk for t in response.context["cl"].result_list} == {t.pk for t in wanted}
+    page = response.content.decode()
+    assert '<input type="hidden" name="queue" value="imports">' in page
+    assert '<input type="text" name="fair_key" value="customer-7"' in page
+    assert active_filters(response.context["cl"]) == [
+        "queue: imports",
+        "fair key (pending todos): customer-7",
+    ]
+    everything = admin_client.get(CHANGELIST)
+    assert '<input type="text" name="fair_key" value=""' in everything.content.decode()
+    assert len(everything.context["cl"].result_list) == 7
+
+
 def test_a_chosen_filter_value_stays_listed(admin_client: Client, make_todo: MakeTodo) -> None:
     """A queue chosen by URL stays among the choices even when nothing is in it."""
     response = admin_client.get(CHANGELIST + "?queue=nowhere")
@@ -339,6 +366,18 @@ def test_the_detail_page_explains_the_todo(admin_client: Client, make_todo: Make
     ]:
         assert text in page
     assert 'name="_save"' not in page
+
+
+def test_the_detail_page_shows_the_fair_key_and_turn(
+    admin_client: Client, make_todo: MakeTodo
+) -> None:
+    """A todo's tenant and its turn, the order of claims within its priority."""
+    todo = make_todo(fair_key="agent:bot/7")
+    Todo.objects.filter(pk=todo.pk).update(fair_at=datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC))
+    page = admin_client.get(change_url(todo)).content.decode()
+    assert "agent:bot/7" in page
+    assert "Fair key:" in page and "Turn:" in page
+    assert "March 4, 2026, 5:06 a.m." in page
 
 
 def test_ids_that_look_like_admin_escapes_still_link(
@@ -779,6 +818,31 @@ def test_the_health_page(admin_client: Client, make_todo: MakeTodo) -> None:
     assert "<svg" in page and "mail: 1 ready" in page and "billing: 1 lease expired" in page
     assert "3 min 30 s" in page
     assert f'href="{CHANGELIST}?queue=mail&amp;attention=dead"' in page
+
+
+def test_the_health_page_shows_the_tenants(admin_client: Client, make_todo: MakeTodo) -> None:
+    """Per queue with fair keys waiting: how many, their todos, those without a key, and the
+    top keys by depth and by age, each linked to its pending todos."""
+    for ago in (10, 5, 1):
+        make_todo(queue="imports", fair_key="big", created_ago=timedelta(minutes=ago))
+    make_todo(queue="imports", fair_key="old", created_ago=timedelta(hours=2))
+    make_todo(queue="imports")
+    make_todo(queue="mail")
+    response = admin_client.get(HEALTH)
+    [(imports, unkeyed)] = response.context["tenants"]
+    assert (imports.queue, imports.keys, imports.keyed, unkeyed) == ("imports", 2, 4, 1)
+    page = response.content.decode()
+    assert 'id="tenants"' in page
+    link = f'<a href="{CHANGELIST}?queue=imports&amp;fair_key=big">big</a>'
+    assert f"{link} 3" in page and f"{link} 10 min 0 s" in page
+    assert f'<a href="{CHANGELIST}?queue=imports&amp;fair_key=old">old</a> 2 h 0 min' in page
+
+
+def test_the_health_page_without_fair_keys_shows_no_tenants(
+    admin_client: Client, make_todo: MakeTodo
+) -> None:
+    make_todo(queue="mail")
+    assert 'id="tenants"' not in admin_client.get(HEALTH).content.decode()
 
 
 def test_the_health_page_is_linked_and_gated(operator: Callable[..., Client], db: None) -> None:

@@ -89,6 +89,23 @@ def test_the_list_shows_every_queue_with_its_numbers_and_settings(
         "?queue=mail&amp;attention=dead",
     ]:
         assert text in page, text
+    assert [row.fair_keys for row in response.context["rows"]] == [0] * 7
+
+
+def test_the_list_counts_the_fair_keys_waiting(admin_client: Client, make_todo: MakeTodo) -> None:
+    """Each queue's tenants with pending todos, linked to them on the Queue health page."""
+    for key in ("a", "a", "b", "c"):
+        make_todo(queue="imports", fair_key=key)
+    make_todo(queue="imports", fair_key="d", state=State.CLAIMED)
+    make_todo(queue="mail")
+    response = admin_client.get(QUEUES)
+    assert {row.view.name: row.fair_keys for row in response.context["rows"]} == {
+        "imports": 3,
+        "mail": 0,
+    }
+    assert '<a href="/admin/switchboard_todos/todo/health/#tenants">3</a>' in (
+        response.content.decode()
+    )
 
 
 def test_the_list_is_for_who_may_see_todos_or_queues(

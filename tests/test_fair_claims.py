@@ -209,6 +209,7 @@ def claim_buffers(backlog_keys: int) -> tuple[int, int]:
             "limit": 10,
             "max_held": None,
             "max_errors_kept": 20,
+            "max_error_history_bytes": 262144,
             **claim_marks(["fair"], known=False),
         }
         cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {queries['claim_next']}", params)

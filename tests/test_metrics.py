@@ -77,6 +77,7 @@ def test_the_metrics_count_each_queue_and_state(busy: None, client: Client, sett
     # Finished within the last five minutes: the one done six minutes ago is not counted.
     assert found["switchboard_todos_completed_recently", mail] == 1
     assert found["switchboard_todos_dead_lettered_recently", mail] == 1
+    assert found["switchboard_todos_fair_keys_waiting", mail] == 0
     for name in [
         "switchboard_todos_xmin_horizon_age_seconds",
         "switchboard_todos_xmin_horizon_xids",
@@ -86,17 +87,33 @@ def test_the_metrics_count_each_queue_and_state(busy: None, client: Client, sett
         assert found[name, (("database", "default"),)] >= 0
 
 
+def test_the_metrics_count_the_fair_keys_waiting(
+    make_todo: MakeTodo, client: Client, settings: Any
+) -> None:
+    """Keys with pending todos, ready or not; a key whose todos are all claimed waits no more."""
+    make_todo(queue="imports", fair_key="a")
+    make_todo(queue="imports", fair_key="a", next_retry_in=timedelta(minutes=5))
+    make_todo(queue="imports", fair_key="b", priority=3)
+    make_todo(queue="imports", fair_key="c", state=State.CLAIMED)
+    make_todo(queue="imports")
+    make_todo(queue="mail", fair_key="c", state=State.CLAIMED)
+    found = samples(scrape(client, settings))
+    assert found["switchboard_todos_fair_keys_waiting", (("queue", "imports"),)] == 2
+    assert found["switchboard_todos_fair_keys_waiting", (("queue", "mail"),)] == 0
+
+
 def test_a_scrape_costs_the_same_queries_whatever_the_rows(
     make_todo: MakeTodo,
     client: Client,
     settings: Any,
     django_assert_num_queries: Any,
 ) -> None:
-    """One statement for the queues, two on PostgreSQL's statistics views."""
+    """One statement for the queues, one for their fair keys, two on PostgreSQL's statistics
+    views."""
     for count in (1, 20):
         for n in range(count):
-            make_todo(queue=f"q{n % 7}")
-        with django_assert_num_queries(3):
+            make_todo(queue=f"q{n % 7}", fair_key=f"k{n}")
+        with django_assert_num_queries(4):
             scrape(client, settings)
 
 

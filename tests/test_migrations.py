@@ -55,7 +55,7 @@ def test_fair_shares_give_the_backlog_its_creation_order() -> None:
             )
             (lane, lane_def), (pending, pending_def) = cursor.fetchall()
         assert "(queue, priority, fair_key, fair_at)" in lane_def
-        assert "(queue, priority DESC, fair_at)" in pending_def
+        assert "(queue, priority DESC, fair_at) INCLUDE (created_at)" in pending_def
     finally:
         call_command("migrate", "switchboard_todos", verbosity=0)
     oldest = Todo.objects.filter(state="pending").order_by("created_at").first()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from switchboard_todos import stats
 from switchboard_todos.models import State, Todo
@@ -110,6 +111,71 @@ def test_format_age(seconds: float, text: str) -> None:
     assert stats.format_age(timedelta(seconds=seconds)) == text
 
 
+@pytest.fixture
+def tenants(make_todo: MakeTodo) -> None:
+    """Queue imports: three fair keys with pending todos (at two priorities, one in backoff),
+    two todos without a key, and todos of a key that are no longer pending; mail: one key."""
+    minutes = [("big", 10, 0), ("big", 5, 0), ("mid", 20, 0), ("mid", 1, 0), ("old", 120, 5)]
+    for key, ago, priority in minutes:
+        make_todo(
+            queue="imports", fair_key=key, priority=priority, created_ago=timedelta(minutes=ago)
+        )
+    make_todo(queue="imports", fair_key="big", next_retry_in=timedelta(minutes=5))
+    make_todo(queue="imports", fair_key="gone", state=State.CLAIMED)
+    make_todo(queue="imports", fair_key="gone", state=State.DONE)
+    make_todo(queue="imports")
+    make_todo(queue="imports", next_retry_in=timedelta(minutes=5))
+    make_todo(queue="mail", fair_key="agent:bot/7", created_ago=timedelta(seconds=30))
+    make_todo(queue="billing")
+
+
+def test_fair_shares_count_the_keys_waiting_and_rank_them(tenants: None) -> None:
+    """Pending todos only, ready or not, over every priority; the deepest keys first, then the
+    keys whose next todo in turn is the oldest; the todos without a key counted apart."""
+    found = stats.fair_shares(top=2)
+    big, mid = (
+        stats.FairKey("big", 3, timedelta(minutes=10)),
+        stats.FairKey("mid", 2, timedelta(minutes=20)),
+    )
+    old = stats.FairKey("old", 1, timedelta(hours=2))
+    solo = stats.FairKey("agent:bot/7", 1, timedelta(seconds=30))
+    assert found == [
+        stats.FairShares("imports", 3, 6, (big, mid), (old, mid)),
+        stats.FairShares("mail", 1, 1, (solo,), (solo,)),
+    ]
+    health = {row.queue: row for row in stats.queue_health()}
+    assert found[0].unkeyed(health["imports"]) == 2
+    assert found[1].unkeyed(health["mail"]) == 0
+    assert found[1].unkeyed(None) == 0
+    assert stats.fair_shares(["mail"], top=1)[0].keys == 1
+    assert stats.fair_shares(top=0) == [
+        stats.FairShares("imports", 3, 6, (), ()),
+        stats.FairShares("mail", 1, 1, (), ()),
+    ]
+    assert stats.fair_shares(["billing"]) == []
+
+
+def test_fair_shares_read_the_lane_index_alone(tenants: None) -> None:
+    """The keys, their depths and their heads come from idx_todos_lane: the counts from the
+    index alone, without the rows."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+        cursor.execute("EXPLAIN (FORMAT JSON) " + stats._FAIR_SHARES, {"queues": None, "top": 5})
+        plan = cursor.fetchone()[0][0]["Plan"]
+    scans = set(_scans(plan))
+    assert ("Index Only Scan", "idx_todos_lane") in scans
+    assert {index for _node, index in scans} == {"idx_todos_lane"}
+
+
+def _scans(node: dict[str, Any]) -> Iterator[tuple[str, str | None]]:
+    """Each read of the table in the plan below `node`: its type and its index (None for none)."""
+    if "Relation Name" in node:
+        yield node["Node Type"], node.get("Index Name")
+    for child in node.get("Plans", []):
+        yield from _scans(child)
+
+
 # todo_stats
 
 
@@ -153,8 +219,40 @@ def test_todo_stats_json(busy_queues: dict[str, Todo]) -> None:
             "dead": 0,
             "dead_lettered_recently": 0,
             "blocked": 1,
+            "tenants": {"keys": 0, "keyed": 0, "unkeyed": 4, "by_depth": [], "by_age": []},
         }
     ]
+
+
+def test_todo_stats_prints_the_tenants(tenants: None) -> None:
+    """Below the table, each queue with fair keys waiting: how many, the deepest, the oldest."""
+    out, _ = run("todo_stats")
+    assert (
+        "Tenants (fair keys with pending todos):\n"
+        "imports: 3 keys, 6 pending; 2 pending without a key\n"
+        "  deepest: big 3, mid 2, old 1\n"
+        "  waiting longest: old 2 h 0 min, mid 20 min 0 s, big 10 min 0 s\n"
+        "mail: 1 keys, 1 pending; 0 pending without a key\n"
+        "  deepest: agent:bot/7 1\n"
+        "  waiting longest: agent:bot/7 30 s\n"
+    ) in out
+    report = json.loads(run("todo_stats", "--json")[0])
+    by_queue = {row["queue"]: row["tenants"] for row in report["queues"]}
+    assert by_queue["billing"] == {
+        "keys": 0,
+        "keyed": 0,
+        "unkeyed": 1,
+        "by_depth": [],
+        "by_age": [],
+    }
+    assert by_queue["mail"] == {
+        "keys": 1,
+        "keyed": 1,
+        "unkeyed": 0,
+        "by_depth": [{"key": "agent:bot/7", "depth": 1, "oldest_age": 30.0}],
+        "by_age": [{"key": "agent:bot/7", "depth": 1, "oldest_age": 30.0}],
+    }
+    assert [key["key"] for key in by_queue["imports"]["by_age"]] == ["old", "mid", "big"]
 
 
 def test_todo_stats_with_no_todos(db: None) -> None:

@@ -19,7 +19,9 @@ def pending_index_size() -> int:
 
 
 def bloat_the_pending_index() -> None:
-    """30,000 ready todos, all then claimed and done, vacuumed: the index keeps its pages."""
+    """30,000 ready todos, all then claimed and done, vacuumed: the index keeps its pages. Each
+    takes its creation time as its turn, as a todo without a fair key does: 30,000 equal turns
+    would be deduplicated into a few pages."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO todos (kind, created_at, fair_at) "

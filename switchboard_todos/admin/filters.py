@@ -124,6 +124,36 @@ class AssigneeFilter(ValuesFilter):
         return super().queryset(request, queryset)
 
 
+class FairKeyFilter(admin.SimpleListFilter):
+    """The pending todos of one fair key, typed in: a list of the keys would read thousands of
+    them at every page view. Pending only, because only pending todos are in idx_todos_lane."""
+
+    title = _("fair key (pending todos)")
+    parameter_name = "fair_key"
+    template = "admin/switchboard_todos/todo/text_filter.html"
+    kept: list[tuple[str, str]]
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        chosen = self.value()
+        return [(chosen, chosen)] if chosen else []
+
+    def has_output(self) -> bool:
+        return True
+
+    def choices(self, changelist: ChangeList) -> Any:
+        """All and the key chosen; the form keeps the list's other parameters."""
+        self.kept = [
+            (name, value) for name, value in changelist.params.items() if name != "fair_key"
+        ]
+        return super().choices(changelist)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        chosen = self.value()
+        if not chosen:
+            return queryset
+        return queryset.filter(state=State.PENDING, fair_key=chosen)
+
+
 def active_filters(changelist: ChangeList) -> list[str]:
     """The filters the list applies, as the operator reads them in the sidebar."""
     shown = []

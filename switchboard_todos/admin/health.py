@@ -1,5 +1,6 @@
-"""The queue health page: per-queue counts and a chart of them, and who holds back vacuum; with
-queues in several databases, one line per database above them (`?database=` picks the one shown).
+"""The queue health page: per-queue counts and a chart of them, the tenants waiting in each queue
+(fair keys), and who holds back vacuum; with queues in several databases, one line per database
+above them (`?database=` picks the one shown).
 
 Below them, the repairs the user may make (transitions.py), each linked to the todos it applies to.
 """
@@ -31,6 +32,11 @@ class HealthPage(TodoModelAdmin):
             raise PermissionDenied
         alias = databases.chosen(request)
         rows = stats.queue_health(using=alias)
+        counts = {row.queue: row for row in rows}
+        tenants = [
+            (shares, shares.unkeyed(counts.get(shares.queue)))
+            for shares in stats.fair_shares(using=alias)
+        ]
         health = vacuum.vacuum_health(alias)
         context = {
             **self.admin_site.each_context(request),
@@ -39,6 +45,8 @@ class HealthPage(TodoModelAdmin):
             "back": reverse("admin:switchboard_todos_todo_changelist"),
             "rows": rows,
             "chart": HealthChart(rows),
+            "tenants": tenants,
+            "top": stats.TOP_KEYS,
             "now": health.at,
             "vacuum": health,
             "database": alias,

@@ -3,11 +3,12 @@ actions, the settings edited on each queue's page.
 
 A queue is listed when it has settings (a row of todo_queues) or todos. One without settings
 shows the defaults, and saving its page makes its row. The numbers are the Queue health page's
-(stats.queue_health) for the database chosen with `?database=` when queues live in several; a
-queue's settings live, and are written, in its own database (placement.py). Every write goes
-through queue_settings.py, which sets only the columns it names, so an edit never resets the
-claims' rate counters. Pausing and resuming need `pause_queue` and are recorded in each
-queue's History (LogEntry); editing the other settings needs `change_queue`.
+(stats.queue_health, and its fair keys waiting: stats.fair_shares) for the database chosen with
+`?database=` when queues live in several; a queue's settings live, and are written, in its own
+database (placement.py). Every write goes through queue_settings.py, which sets only the
+columns it names, so an edit never resets the claims' rate counters. Pausing and resuming need
+`pause_queue` and are recorded in each queue's History (LogEntry); editing the other settings
+needs `change_queue`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from switchboard_todos import placement, queue_settings, validation
+from switchboard_todos import placement, queue_settings, stats, validation
 from switchboard_todos.admin import databases
 from switchboard_todos.conf import conf
 from switchboard_todos.durations import format_duration, parse_duration
@@ -199,6 +200,8 @@ class QueueRow:
     """Its page."""
     todos_url: str
     """The todo list, filtered to its todos (in its database)."""
+    fair_keys: int
+    """Its fair keys (tenants) with pending todos."""
 
 
 @admin.register(Queue)
@@ -336,11 +339,13 @@ class QueueAdmin(QueueModelAdmin):
         alias = databases.chosen(request)
         query = databases.query(request)
         todos = reverse("admin:switchboard_todos_todo_changelist")
+        tenants = {shares.queue: shares.keys for shares in stats.fair_shares(top=0, using=alias)}
         rows = [
             QueueRow(
                 view,
                 reverse("admin:switchboard_todos_queue_change", args=[quote(view.name)]),
                 f"{todos}?{query}queue={quote(view.name)}",
+                tenants.get(view.name, 0),
             )
             for view in queue_settings.overview(using=alias)
         ]

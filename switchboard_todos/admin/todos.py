@@ -40,6 +40,7 @@ from switchboard_todos.admin.display import (
 from switchboard_todos.admin.filters import (
     AssigneeFilter,
     AttentionFilter,
+    FairKeyFilter,
     KindFilter,
     PriorityFilter,
     QueueFilter,
@@ -96,6 +97,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
         QueueFilter,
         KindFilter,
         AssigneeFilter,
+        FairKeyFilter,
     ]
     date_hierarchy = "created_at"
     search_fields = ["=id"]
@@ -139,11 +141,15 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
                     "Pending until a worker claims it; a claim holds a lease until "
                     "“lease expires”, renewed by heartbeats. An expired lease is taken back by "
                     "the reaper or the next claim. A failed attempt backs off until “next retry”; "
-                    "after the last attempt the todo is failed: a dead letter."
+                    "after the last attempt the todo is failed: a dead letter. Within a "
+                    "priority, claims follow the turns, the fair keys (tenants) of a queue "
+                    "taking turns."
                 ),
                 "fields": [
                     "state_explained",
                     "priority",
+                    "fair_key",
+                    "turn",
                     "owner",
                     "attempts",
                     "lease_expires_at",
@@ -296,6 +302,11 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
         if todo.next_retry_at is None:
             return "—"
         return str(localize(timezone.localtime(todo.next_retry_at)))
+
+    @admin.display(description=_("turn"))
+    def turn(self, todo: Todo) -> str:
+        """Its place among its queue's todos of its priority (fair_at): claims go in turn order."""
+        return str(localize(timezone.localtime(todo.fair_at)))
 
     @admin.display(description=_("payload"))
     def payload_json(self, todo: Todo) -> SafeString:

@@ -33,7 +33,9 @@ class Command(OperatorCommand):
         "Print each queue's health: todos ready to claim, waiting (in backoff or before their "
         "run_after), blocked (by other todos), claimed (lease "
         "valid), claimed with an expired lease, done in the last 24 hours, dead letters, and the "
-        "age of the oldest ready todo; then who holds back vacuum (the xmin horizon) and the "
+        "age of the oldest ready todo; the tenants waiting in each queue (fair keys with pending "
+        "todos: how many, the deepest and the longest waiting, and the todos without a key); "
+        "then who holds back vacuum (the xmin horizon) and the "
         "todos table's dead rows, with warnings; for each database that holds todos. Cheap "
         "enough to run every minute from monitoring."
     )
@@ -74,12 +76,24 @@ class Command(OperatorCommand):
             (alias, stats.queue_health(options["queues"], using=alias), vacuum.vacuum_health(alias))
             for alias in databases
         ]
+        tenants = {
+            alias: {
+                shares.queue: shares for shares in stats.fair_shares(options["queues"], using=alias)
+            }
+            for alias in databases
+        }
         if options["json"]:
             first = found[0][2]
             report = {
                 "at": first.at.isoformat(),
                 "queues": [
-                    {**row.as_json(), "database": alias} for alias, rows, _ in found for row in rows
+                    {
+                        **row.as_json(),
+                        "database": alias,
+                        "tenants": tenants_json(tenants[alias].get(row.queue), row),
+                    }
+                    for alias, rows, _ in found
+                    for row in rows
                 ],
                 "vacuum": first.as_json(),
                 "databases": {alias: {"vacuum": health.as_json()} for alias, _, health in found},
@@ -91,6 +105,9 @@ class Command(OperatorCommand):
                 self.stdout.write(("\n" if number else "") + f"Database {alias!r}:")
             self.stdout.write(render_table(rows) if rows else "No todos.")
             self.stdout.write("")
+            if tenants[alias]:
+                self.stdout.write(render_tenants(tenants[alias], rows))
+                self.stdout.write("")
             self.stdout.write(render_vacuum(health))
 
 
@@ -108,6 +125,27 @@ def render_table(rows: list[stats.QueueHealth]) -> str:
                 + [cell.rjust(width) for cell, width in zip(numbers, widths[1:], strict=True)]
             )
         )
+    return "\n".join(lines)
+
+
+def tenants_json(shares: stats.FairShares | None, row: stats.QueueHealth) -> dict[str, Any]:
+    """A queue's tenants for monitoring: no keys (and every pending todo unkeyed) when none."""
+    found = shares or stats.FairShares(row.queue, 0, 0, (), ())
+    return {**found.as_json(), "unkeyed": found.unkeyed(row)}
+
+
+def render_tenants(tenants: dict[str, stats.FairShares], rows: list[stats.QueueHealth]) -> str:
+    """Each queue with fair keys waiting: how many, the deepest and the longest waiting."""
+    health = {row.queue: row for row in rows}
+    lines = ["Tenants (fair keys with pending todos):"]
+    for queue, shares in tenants.items():
+        lines += [
+            f"{queue}: {shares.keys:,} keys, {shares.keyed:,} pending; "
+            f"{shares.unkeyed(health.get(queue)):,} pending without a key",
+            "  deepest: " + ", ".join(f"{fair.key} {fair.depth:,}" for fair in shares.by_depth),
+            "  waiting longest: "
+            + ", ".join(f"{fair.key} {fair.oldest}" for fair in shares.by_age),
+        ]
     return "\n".join(lines)
 
 
