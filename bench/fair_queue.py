@@ -1,10 +1,11 @@
 """Scenario 14: a noisy tenant's backlog and ten quiet tenants, drained by the Worker (issue 35).
 
 One fair key has a backlog of 50,000 todos; meanwhile this process enqueues for ten quiet keys,
-one todo every 100 ms each with `create_todo`, and Workers in 4 processes (drain_worker's,
+one todo every 50 ms each with `create_todo`, and Workers in 4 processes (drain_worker's,
 no-op handler) drain the queue. The figures come from the database: a quiet todo's dwell is its
-`claimed_at - created_at`; the noisy key's throughput is its todos claimed per second while the
-quiet keys enqueue (the first quiet create to the last, cut at the noisy key's last claim).
+`claimed_at - created_at`, over the quiet todos created while the backlog lasted (before its
+last claim); the noisy key's throughput is its todos claimed per second while the quiet keys
+enqueue (the first quiet create to the last, cut at the noisy key's last claim).
 
 Four runs a round, their order rotating: `fair` (the keyed backlog and the quiet keys),
 `quiet` (the quiet keys alone: their dwell's reference), `alone` (the keyed backlog alone, the
@@ -21,7 +22,7 @@ from typing import Any
 
 from bench import drain_worker
 from bench.enqueue import fair_key
-from bench.harness import QUEUE, Bench, Row, Target, expect_states, plural, settle
+from bench.harness import QUEUE, Bench, BenchError, Row, Target, expect_states, plural, settle
 
 #: A quiet key's dwell beside the backlog, against its dwell with the quiet keys alone.
 DWELL = Target(at_most=2.0)
@@ -35,6 +36,8 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY claimed_at - created_at),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY claimed_at - created_at)
   FROM todos
  WHERE payload ? 'quiet'
+   AND created_at <= (SELECT coalesce(max(claimed_at), 'infinity') FROM todos
+                       WHERE NOT payload ? 'quiet')
 """
 #: The noisy todos claimed in the window, and the window cut at the last of them.
 NOISY_CLAIMS = """
@@ -122,7 +125,7 @@ def one_run(
         drain_worker.ours,
         [{"owner": f"bench-{index}"} for index in range(workers)],
         backlog + quiet,
-        during=partial(produce, bench.size(0.5, 0.0), schedule, keyed, create, window),
+        during=partial(produce, bench.size(0.3, 0.0), schedule, keyed, create, window),
     )
     expect_states({"done": backlog + quiet}, "fair_queue")
     outcome = Outcome()
@@ -130,6 +133,8 @@ def one_run(
         if quiet:
             cursor.execute(DWELLS)
             p50, p99_ = cursor.fetchone()
+            if p50 is None:
+                raise BenchError("fair_queue: the backlog was gone before the first quiet todo")
             outcome.p50, outcome.p99 = p50.total_seconds() * 1000, p99_.total_seconds() * 1000
         if backlog:
             cursor.execute(NOISY_CLAIMS, window)
@@ -139,9 +144,10 @@ def one_run(
 
 
 def run(bench: Bench) -> None:
-    backlog = bench.size(full=50_000, smoke=2000)
-    # One todo every 100 ms per quiet key for 8 s (smoke: every 30 ms for 0.3 s).
-    count, gap = bench.size(full=(800, 0.01), smoke=(100, 0.003))
+    backlog = bench.size(full=50_000, smoke=5000)
+    # One todo every 50 ms per quiet key for 2.5 s (smoke: every 30 ms for 0.3 s), within the
+    # few seconds the backlog lasts.
+    count, gap = bench.size(full=(500, 0.005), smoke=(100, 0.003))
     schedule = [number * gap for number in range(count)]
     runs = {
         "fair": partial(one_run, bench, backlog, schedule, keyed=True, create=True),

@@ -69,11 +69,11 @@ ROWS = {
         "rate limit 100 per 1 s, 2 processes: achieved",
     ],
     "fair_queue": [
-        "quiet keys' dwell beside 2,000 todos of one key, p50",
-        "quiet keys' dwell beside 2,000 todos of one key, p99",
-        "FIFO (no keys), quiet todos' dwell beside 2,000 todos, p50",
-        "FIFO (no keys), quiet todos' dwell beside 2,000 todos, p99",
-        "the noisy key's 2,000 todos beside the quiet keys",
+        "quiet keys' dwell beside 5,000 todos of one key, p50",
+        "quiet keys' dwell beside 5,000 todos of one key, p99",
+        "FIFO (no keys), quiet todos' dwell beside 5,000 todos, p50",
+        "FIFO (no keys), quiet todos' dwell beside 5,000 todos, p99",
+        "the noisy key's 5,000 todos beside the quiet keys",
     ],
     "fair_cost": [
         "1,000 todos of 1,000 fair keys, 2 processes",
