@@ -7,10 +7,12 @@ no-op handler) drain the queue. The figures come from the database: a quiet todo
 last claim); the noisy key's throughput is its todos claimed per second while the quiet keys
 enqueue (the first quiet create to the last, cut at the noisy key's last claim).
 
-Four runs a round, their order rotating: `fair` (the keyed backlog and the quiet keys),
+Five runs a round, their order rotating: `fair` (the keyed backlog and the quiet keys),
 `quiet` (the quiet keys alone: their dwell's reference), `alone` (the keyed backlog alone, the
-same wait in place of the creates: the noisy key's reference), and `fifo` (the same backlog and
-creates without any fair key: the contrast, the quiet todos queue behind the backlog).
+same wait in place of the creates: the noisy key's reference), `aside` (the keyed backlog, the
+quiet todos created in a queue no Worker serves: what the creates cost the noisy key by
+sharing the machine, not the queue), and `fifo` (the same backlog and creates without any fair
+key: the contrast, the quiet todos queue behind the backlog).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ DWELL = Target(at_most=2.0)
 #: The noisy key's throughput beside the quiet keys, against its throughput alone.
 NOISY = Target(ratio=0.9)
 WORKERS = 4
+#: The queue no Worker serves: `aside` sends the quiet todos there.
+ASIDE = "bench-aside"
 QUIET_KEYS = 10
 
 DWELLS = """
@@ -89,11 +93,11 @@ def now() -> Any:
 
 
 def produce(
-    warm_up: float, schedule: list[float], keyed: bool, create: bool, window: dict[str, Any]
+    warm_up: float, schedule: list[float], keyed: bool, into: str | None, window: dict[str, Any]
 ) -> None:
-    """After `warm_up` seconds (the Workers are up and claiming by then), create a quiet todo at
-    each of `schedule`'s offsets (seconds), round the quiet keys; without `create`, only wait as
-    long. `window` gets the database's time at both ends."""
+    """After `warm_up` seconds (the Workers are up and claiming by then), create a quiet todo in
+    queue `into` at each of `schedule`'s offsets (seconds), round the quiet keys; without a
+    queue, only wait as long. `window` gets the database's time at both ends."""
     from switchboard_todos.models import Todo
 
     time.sleep(warm_up)
@@ -101,10 +105,10 @@ def produce(
     began = time.monotonic()
     for number, offset in enumerate(schedule):
         time.sleep(max(0.0, began + offset - time.monotonic()))
-        if create:
+        if into is not None:
             key = number % QUIET_KEYS
             Todo.objects.create_todo(
-                queue=QUEUE,
+                queue=into,
                 kind="bench.noop",
                 payload={"quiet": key},
                 fair_key=f"quiet-{key}" if keyed else None,
@@ -113,21 +117,22 @@ def produce(
 
 
 def one_run(
-    bench: Bench, backlog: int, schedule: list[float], *, keyed: bool, create: bool
+    bench: Bench, backlog: int, schedule: list[float], *, keyed: bool, into: str | None
 ) -> Outcome:
     from django.db import connection
 
     fill(backlog, 1 if keyed else 0)
-    quiet = len(schedule) if create else 0
+    quiet = len(schedule) if into == QUEUE else 0
+    aside = len(schedule) if into == ASIDE else 0
     window: dict[str, Any] = {}
     workers = min(WORKERS, bench.pool.size)
     bench.pool.run(
         drain_worker.ours,
         [{"owner": f"bench-{index}"} for index in range(workers)],
         backlog + quiet,
-        during=partial(produce, bench.size(0.3, 0.0), schedule, keyed, create, window),
+        during=partial(produce, bench.size(0.3, 0.0), schedule, keyed, into, window),
     )
-    expect_states({"done": backlog + quiet}, "fair_queue")
+    expect_states({"done": backlog + quiet, **({"pending": aside} if aside else {})}, "fair_queue")
     outcome = Outcome()
     with connection.cursor() as cursor:
         if quiet:
@@ -150,10 +155,11 @@ def run(bench: Bench) -> None:
     count, gap = bench.size(full=(500, 0.005), smoke=(100, 0.003))
     schedule = [number * gap for number in range(count)]
     runs = {
-        "fair": partial(one_run, bench, backlog, schedule, keyed=True, create=True),
-        "quiet": partial(one_run, bench, 0, schedule, keyed=True, create=True),
-        "alone": partial(one_run, bench, backlog, schedule, keyed=True, create=False),
-        "fifo": partial(one_run, bench, backlog, schedule, keyed=False, create=True),
+        "fair": partial(one_run, bench, backlog, schedule, keyed=True, into=QUEUE),
+        "quiet": partial(one_run, bench, 0, schedule, keyed=True, into=QUEUE),
+        "alone": partial(one_run, bench, backlog, schedule, keyed=True, into=None),
+        "aside": partial(one_run, bench, backlog, schedule, keyed=True, into=ASIDE),
+        "fifo": partial(one_run, bench, backlog, schedule, keyed=False, into=QUEUE),
     }
     outcomes: dict[str, list[Outcome]] = {name: [] for name in runs}
 
@@ -191,5 +197,14 @@ def run(bench: Bench) -> None:
             "the noisy key alone",
             target=NOISY,
             note=f"claims per second while the quiet keys enqueue; {note}",
+        )
+    )
+    bench.add(
+        Row(
+            f"the noisy key's {backlog:,} todos, the quiet keys enqueuing to another queue",
+            [outcome.noisy for outcome in outcomes["aside"]],
+            [outcome.noisy for outcome in outcomes["alone"]],
+            "the noisy key alone",
+            note="the creating process's share of the machine, without the fair queue; " + note,
         )
     )

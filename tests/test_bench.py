@@ -74,6 +74,7 @@ ROWS = {
         "FIFO (no keys), quiet todos' dwell beside 5,000 todos, p50",
         "FIFO (no keys), quiet todos' dwell beside 5,000 todos, p99",
         "the noisy key's 5,000 todos beside the quiet keys",
+        "the noisy key's 5,000 todos, the quiet keys enqueuing to another queue",
     ],
     "fair_cost": [
         "1,000 todos of 1,000 fair keys, 2 processes",
