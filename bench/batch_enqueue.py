@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from bench import raw
-from bench.enqueue import fair_key
+from bench.enqueue import BALLAST, fair_key
 from bench.harness import QUEUE, Bench, Child, Row, Target, expect_states, reset
 
 #: Batch enqueue should reach this share of its raw form (issue 28: create_many of unnest).
@@ -83,10 +83,13 @@ def copy(child: Child, *, count: int, batch: int) -> None:
             child.count(len(numbers))
 
 
-def enqueue(bench: Bench, task: Any, count: int, batch: int, **kwargs: Any) -> float:
-    reset()
+def enqueue(
+    bench: Bench, task: Any, count: int, batch: int, *, ballast: int = 0, **kwargs: Any
+) -> float:
+    """As `enqueue.enqueue`, `batch` at a time."""
+    reset(ballast, queue=BALLAST)
     seconds, _ = bench.pool.run(task, [{"count": count, "batch": batch, **kwargs}], count)
-    expect_states({"pending": count}, f"batch enqueue by {task.__name__}")
+    expect_states({"pending": count + ballast}, f"batch enqueue by {task.__name__}")
     return count / seconds
 
 

@@ -18,6 +18,9 @@ from bench.harness import QUEUE, Bench, Child, Row, Target, expect_states, reset
 #: `create_todo` against a raw single-row INSERT (issue 28).
 TARGET = Target(ratio=0.85)
 
+#: The queue of the todos already in the table when `enqueue(ballast=)` begins.
+BALLAST = "ballast"
+
 INSERT = "INSERT INTO todos (queue, kind, payload) VALUES (%s, %s, %s) RETURNING id"
 
 
@@ -50,10 +53,12 @@ def fair_key(number: int, keys: int) -> str | None:
     return f"key-{number % keys}" if keys else None
 
 
-def enqueue(bench: Bench, task: Any, count: int, **kwargs: Any) -> float:
-    reset()
+def enqueue(bench: Bench, task: Any, count: int, *, ballast: int = 0, **kwargs: Any) -> float:
+    """Todos per second of `task` enqueuing `count`, into a table that holds `ballast` pending
+    todos of another queue (the planner then knows it has rows)."""
+    reset(ballast, queue=BALLAST)
     seconds, _ = bench.pool.run(task, [{"count": count, **kwargs}], count)
-    expect_states({"pending": count}, f"enqueue by {task.__name__}")
+    expect_states({"pending": count + ballast}, f"enqueue by {task.__name__}")
     return count / seconds
 
 

@@ -4,7 +4,9 @@
   1,000 fair keys, against the same backlog without keys; both enqueued with `enqueue_many`, so
   that the turns are the ones the code gives.
 * `create_todo`, `create_many` and `enqueue_many` (batches of 500) with a fair key on every todo,
-  ten keys in turn, against the same without keys (enqueue's and batch_enqueue's tasks).
+  ten keys in turn, against the same without keys (enqueue's and batch_enqueue's tasks): into
+  an empty table as the enqueue scenarios, then into one that holds 100,000 todos of another
+  queue (1,000 in smoke mode).
 * A single `claim_next` on a backlog of 1,000,000 todos of ten keys against one of 1,000,000 of
   one key (claim_scale's approach): both in the same table, as two queues, so that the rounds
   interleave on one fill. The claim reads the head of the queue's index either way: the same
@@ -64,11 +66,16 @@ def drains(bench: Bench) -> None:
     )
 
 
-def creates(bench: Bench) -> None:
+def creates(bench: Bench, ballast: int) -> None:
+    """Each create path with a fair key against without; with `ballast`, into a table that
+    already holds that many todos of another queue, so that the generic plans prepared on the
+    first create are those of a table with rows (on an empty one, the probes of a todo's turn
+    are planned as scans of the table)."""
+    beside = f" beside {ballast:,} todos of another queue" if ballast else ""
     count = bench.size(full=3000, smoke=50)
     figures = bench.interleave(
         {
-            name: partial(enqueue.enqueue, bench, enqueue.ours, count, keys=keys)
+            name: partial(enqueue.enqueue, bench, enqueue.ours, count, ballast=ballast, keys=keys)
             for name, keys in (("keyed", CREATE_KEYS), ("plain", 0))
         }
     )
@@ -80,7 +87,9 @@ def creates(bench: Bench) -> None:
     ):
         figures = bench.interleave(
             {
-                name: partial(batch_enqueue.enqueue, bench, task, count, BATCH, keys=keys)
+                name: partial(
+                    batch_enqueue.enqueue, bench, task, count, BATCH, ballast=ballast, keys=keys
+                )
                 for name, keys in (("keyed", CREATE_KEYS), ("plain", 0))
             }
         )
@@ -88,7 +97,7 @@ def creates(bench: Bench) -> None:
     for what, figures in rows:
         bench.add(
             Row(
-                f"enqueue with a fair key ({CREATE_KEYS} keys), {what}",
+                f"enqueue with a fair key ({CREATE_KEYS} keys){beside}, {what}",
                 figures["keyed"],
                 figures["plain"],
                 "without keys",
@@ -134,5 +143,6 @@ def claims(bench: Bench) -> None:
 
 def run(bench: Bench) -> None:
     drains(bench)
-    creates(bench)
+    creates(bench, 0)
+    creates(bench, bench.size(full=100_000, smoke=1000))
     claims(bench)

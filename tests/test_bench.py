@@ -81,6 +81,9 @@ ROWS = {
         "fair key (10 keys), create_todo, one at a time",
         "fair key (10 keys), create_many, batches of 500",
         "fair key (10 keys), enqueue_many, batches of 500",
+        "beside 1,000 todos of another queue, create_todo, one at a time",
+        "beside 1,000 todos of another queue, create_many, batches of 500",
+        "beside 1,000 todos of another queue, enqueue_many, batches of 500",
         "claim one todo, 1,000 pending of 10 fair keys",
     ],
 }
