@@ -33,6 +33,8 @@ SCENARIOS = (
     "sqs_clients",
     "queue_limits",
     "blocked",
+    "fair_queue",
+    "fair_cost",
 )
 
 

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from bench import raw
+from bench.enqueue import BALLAST, fair_key
 from bench.harness import QUEUE, Bench, Child, Row, Target, expect_states, reset
 
 #: Batch enqueue should reach this share of its raw form (issue 28: create_many of unnest).
@@ -26,17 +27,17 @@ SELECT * FROM unnest(%s::text[], %s::text[], %s::jsonb[])
 COPY = "COPY todos (queue, kind, payload) FROM STDIN"
 
 
-def ours(child: Child, *, count: int, batch: int) -> None:
-    """Enqueue `count` todos through `create_many`, `batch` at a time."""
-    through(child, "create_many", count, batch)
+def ours(child: Child, *, count: int, batch: int, keys: int = 0) -> None:
+    """Enqueue `count` todos through `create_many`, `batch` at a time (over `keys` fair keys)."""
+    through(child, "create_many", count, batch, keys)
 
 
-def ours_copy(child: Child, *, count: int, batch: int) -> None:
-    """Enqueue `count` todos through `enqueue_many` (COPY), `batch` at a time."""
-    through(child, "enqueue_many", count, batch)
+def ours_copy(child: Child, *, count: int, batch: int, keys: int = 0) -> None:
+    """Enqueue `count` todos through `enqueue_many` (COPY), `batch` at a time (over `keys`)."""
+    through(child, "enqueue_many", count, batch, keys)
 
 
-def through(child: Child, method: str, count: int, batch: int) -> None:
+def through(child: Child, method: str, count: int, batch: int, keys: int) -> None:
     from django.db import connection
 
     from switchboard_todos.models import Todo
@@ -46,7 +47,15 @@ def through(child: Child, method: str, count: int, batch: int) -> None:
     child.start()
     for first in range(0, count, batch):
         numbers = range(first, min(first + batch, count))
-        enqueue({"queue": QUEUE, "kind": "bench.noop", "payload": {"n": n}} for n in numbers)
+        enqueue(
+            {
+                "queue": QUEUE,
+                "kind": "bench.noop",
+                "payload": {"n": n},
+                "fair_key": fair_key(n, keys),
+            }
+            for n in numbers
+        )
         child.count(len(numbers))
 
 
@@ -74,10 +83,13 @@ def copy(child: Child, *, count: int, batch: int) -> None:
             child.count(len(numbers))
 
 
-def enqueue(bench: Bench, task: Any, count: int, batch: int) -> float:
-    reset()
-    seconds, _ = bench.pool.run(task, [{"count": count, "batch": batch}], count)
-    expect_states({"pending": count}, f"batch enqueue by {task.__name__}")
+def enqueue(
+    bench: Bench, task: Any, count: int, batch: int, *, ballast: int = 0, **kwargs: Any
+) -> float:
+    """As `enqueue.enqueue`, `batch` at a time."""
+    reset(ballast, queue=BALLAST)
+    seconds, _ = bench.pool.run(task, [{"count": count, "batch": batch, **kwargs}], count)
+    expect_states({"pending": count + ballast}, f"batch enqueue by {task.__name__}")
     return count / seconds
 
 

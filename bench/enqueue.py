@@ -18,11 +18,14 @@ from bench.harness import QUEUE, Bench, Child, Row, Target, expect_states, reset
 #: `create_todo` against a raw single-row INSERT (issue 28).
 TARGET = Target(ratio=0.85)
 
+#: The queue of the todos already in the table when `enqueue(ballast=)` begins.
+BALLAST = "ballast"
+
 INSERT = "INSERT INTO todos (queue, kind, payload) VALUES (%s, %s, %s) RETURNING id"
 
 
-def ours(child: Child, *, count: int) -> None:
-    """Enqueue `count` todos through the manager."""
+def ours(child: Child, *, count: int, keys: int = 0) -> None:
+    """Enqueue `count` todos through the manager; with `keys`, over that many fair keys."""
     from django.db import connection
 
     from switchboard_todos.models import Todo
@@ -30,7 +33,9 @@ def ours(child: Child, *, count: int) -> None:
     connection.ensure_connection()
     child.start()
     for number in range(count):
-        Todo.objects.create_todo(queue=QUEUE, kind="bench.noop", payload={"n": number})
+        Todo.objects.create_todo(
+            queue=QUEUE, kind="bench.noop", payload={"n": number}, fair_key=fair_key(number, keys)
+        )
         child.count()
 
 
@@ -43,10 +48,17 @@ def reference(child: Child, *, count: int) -> None:
             child.count()
 
 
-def enqueue(bench: Bench, task: Any, count: int) -> float:
-    reset()
-    seconds, _ = bench.pool.run(task, [{"count": count}], count)
-    expect_states({"pending": count}, f"enqueue by {task.__name__}")
+def fair_key(number: int, keys: int) -> str | None:
+    """The fair key of the `number`th todo spread over `keys` keys (none without keys)."""
+    return f"key-{number % keys}" if keys else None
+
+
+def enqueue(bench: Bench, task: Any, count: int, *, ballast: int = 0, **kwargs: Any) -> float:
+    """Todos per second of `task` enqueuing `count`, into a table that holds `ballast` pending
+    todos of another queue (the planner then knows it has rows)."""
+    reset(ballast, queue=BALLAST)
+    seconds, _ = bench.pool.run(task, [{"count": count, **kwargs}], count)
+    expect_states({"pending": count + ballast}, f"enqueue by {task.__name__}")
     return count / seconds
 
 

@@ -461,9 +461,18 @@ class Bench:
                     self.costs.setdefault(name, []).append(self._cost)
         return figures
 
-    def drain(self, task: Callable[..., Any], workers: int, backlog: int, **kwargs: Any) -> float:
-        """Fill a backlog and drain it with `task` in `workers` processes; todos per second."""
-        reset(backlog)
+    def drain(
+        self,
+        task: Callable[..., Any],
+        workers: int,
+        backlog: int,
+        *,
+        fill: Callable[[int], None] = reset,
+        **kwargs: Any,
+    ) -> float:
+        """Fill a backlog with `fill` (`reset`, or another that settles the table too) and drain
+        it with `task` in `workers` processes; todos per second."""
+        fill(backlog)
         server, client = server_cpu(), self.pool.cpu()
         seconds, _ = self.pool.run(
             task, [{"owner": f"bench-{index}", **kwargs} for index in range(workers)], backlog

@@ -68,6 +68,24 @@ ROWS = {
         "drain with a concurrency limit not reached, 2 processes",
         "rate limit 100 per 1 s, 2 processes: achieved",
     ],
+    "fair_queue": [
+        "quiet keys' dwell beside 5,000 todos of one key, p50",
+        "quiet keys' dwell beside 5,000 todos of one key, p99",
+        "FIFO (no keys), quiet todos' dwell beside 5,000 todos, p50",
+        "FIFO (no keys), quiet todos' dwell beside 5,000 todos, p99",
+        "the noisy key's 5,000 todos beside the quiet keys",
+        "the noisy key's 5,000 todos, the quiet keys enqueuing to another queue",
+    ],
+    "fair_cost": [
+        "1,000 todos of 1,000 fair keys, 2 processes",
+        "fair key (10 keys), create_todo, one at a time",
+        "fair key (10 keys), create_many, batches of 500",
+        "fair key (10 keys), enqueue_many, batches of 500",
+        "beside 1,000 todos of another queue, create_todo, one at a time",
+        "beside 1,000 todos of another queue, create_many, batches of 500",
+        "beside 1,000 todos of another queue, enqueue_many, batches of 500",
+        "claim one todo, 1,000 pending of 10 fair keys",
+    ],
 }
 
 
