@@ -345,3 +345,23 @@ def test_a_merge_reads_its_parents_results_both_ways(
         [claimed] = json.loads(answer.body)["todos"]
         assert (claimed["id"], claimed["parents"]) == (merge.id, [part.id])
         assert claimed["parent_results"] == {part.id: {"n": 1}}
+
+
+@pytest.mark.parametrize("wait", [0, 1], ids=["claim", "long poll"])
+def test_a_retry_shows_its_last_error_both_ways(
+    fast: asgi.AgentsAPIFirst, tokens: dict[str, str], make_todo: Callable[..., Todo], wait: int
+) -> None:
+    """A claimed todo's answer holds the last error of its failure history, read off the event
+    loop (on the API's threads), after a long poll too."""
+    headers = {"Authorization": f"Bearer {tokens['a1']}", "Content-Type": "application/json"}
+    body = json.dumps({"queues": ["work"], "ttl": 30, "wait": wait}).encode()
+    for app in (django_application, fast):
+        Todo.objects.all().delete()
+        todo = make_todo(queue="work", state=State.CLAIMED, owner="w0")
+        Todo.objects.fail(todo.id, "w0", {"type": "Boom", "message": "first try"}, retry_in=0)
+        connections.close_all()
+        answer = call(app, "POST", "/api/claim/", body, headers)
+        assert answer.status == 200, answer.body
+        [claimed] = json.loads(answer.body)["todos"]
+        assert claimed["id"] == todo.id
+        assert claimed["last_error"] == {"type": "Boom", "message": "first try"}

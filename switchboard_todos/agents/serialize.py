@@ -63,10 +63,16 @@ def todos_json(todos: Sequence[Todo]) -> list[TodoJSON]:
     return [_shaped(todo, results.get(todo.id), errors.get(todo.id)) for todo in todos]
 
 
+def reads_database(todos: Sequence[Todo]) -> bool:
+    """Whether `todos_json` reads the database for `todos`: the results of a todo's parents, or
+    the last error of one whose failure history is not known (known_history). A caller on the
+    event loop shapes them off it only then."""
+    return any(todo.parents or known_history(todo) is None for todo in todos)
+
+
 async def atodos_json(todos: Sequence[Todo]) -> list[TodoJSON]:
-    """`todos_json` for a caller on the event loop: off it only when it reads something, the
-    results of a todo's parents or the failure history of one not just created."""
-    if any(todo.parents or known_history(todo) is None for todo in todos):
+    """`todos_json` for a caller on the event loop: off it only when it reads the database."""
+    if reads_database(todos):
         return await sync_to_async(todos_json)(todos)
     return todos_json(todos)
 

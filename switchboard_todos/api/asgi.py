@@ -53,7 +53,7 @@ from pydantic import ValidationError
 
 from switchboard_todos.agents import request_cap, service
 from switchboard_todos.agents.https import https_of
-from switchboard_todos.agents.serialize import todo_json, todos_json
+from switchboard_todos.agents.serialize import reads_database, todo_json, todos_json
 from switchboard_todos.api import problems
 from switchboard_todos.api.schemas import (
     ClaimIn,
@@ -194,7 +194,7 @@ class AgentsAPIFirst:
             if isinstance(answer, Waiting):  # suspended, not holding a thread
                 with request_cap.admitted(answer.agent):
                     claimed = await _wait_and_claim(answer.agent, answer.arguments)
-                    if any(todo.parents for todo in claimed):  # their parents' results: a query
+                    if reads_database(claimed):  # parents' results, last errors: a query
                         return await loop.run_in_executor(self._threads, _serialized, claimed)
                 return _body(claimed)
         except TodoError as error:
