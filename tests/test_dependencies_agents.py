@@ -221,11 +221,25 @@ def test_a_plan_counts_each_of_its_todos_against_the_quota_at_once(planner: Agen
     with pytest.raises(Throttled, match="quota of 6 todos a minute .* with 3 more") as refused:
         service.create_many_for(planner, todos=plan(2, idempotency_key="other"))
     assert refused.value.retry_after >= 1
-    with pytest.raises(InvalidTodo, match="plan of 7 todos is more than"):
+    with pytest.raises(InvalidTodo, match="counts 7 creations"):
         service.create_many_for(planner, todos=plan(6))
     assert counted(planner) == 4 and Todo.objects.count() == 4
     service.create_many_for(planner, todos=[{"queue": "work", "kind": k} for k in "ab"])
     assert counted(planner) == 6
+
+
+def test_each_ten_parents_a_todo_names_count_as_one_more_creation(
+    planner: Agent, make_todo: MakeTodo
+) -> None:
+    """A parent named is a read and an edge written: a child of 25 parents counts 3 creations,
+    so one token cannot name a thousand parents six hundred times a minute."""
+    parents = [make_todo(queue="work").id for _ in range(25)]
+    service.create_for(planner, queue="work", kind="k", after=parents)
+    assert counted(planner) == 3
+    service.create_many_for(
+        planner, todos=[{"queue": "work", "kind": "k", "after": parents[:10]}] * 2
+    )
+    assert counted(planner) == 7
 
 
 def test_a_plans_key_held_by_a_todo_the_agent_cannot_see_names_none(planner: Agent) -> None:

@@ -92,7 +92,7 @@ def create_for(
         },
     )
     stored = validation.creation(spec)["payload"]  # bad input is refused before anything else
-    with _counted(agent, 1, validation.json_bytes(stored)):
+    with _counted(agent, _creations([spec]), validation.json_bytes(stored)):
         if spec["after"] is not None:
             _check_parents(agent, {placement.database_for(spec["queue"]): spec["after"]})
         todo, created = Todo.objects.create_todo(**{**spec, "payload": validation.JsonText(stored)})
@@ -140,7 +140,7 @@ def create_many_for(agent: Agent, *, todos: Iterable[Mapping[str, Any]]) -> list
         {**spec, "payload": validation.JsonText(payload), **({} if ref is None else {"ref": ref})}
         for spec, ref, payload in zip(checked, refs, payloads, strict=True)
     ]
-    with _counted(agent, len(planned), sum(map(validation.json_bytes, payloads))):
+    with _counted(agent, _creations(checked), sum(map(validation.json_bytes, payloads))):
         if waited:
             _check_parents(agent, waited)
         if waited or any(refs):
@@ -210,6 +210,12 @@ def _check_parents(agent: Agent, waited: Mapping[str, list[str]]) -> None:
                 raise InvalidTodo(
                     f"after: todo {todo_id!r} is a dead letter; requeue it before waiting for it."
                 )
+
+
+def _creations(specs: list[dict[str, Any]]) -> int:
+    """What creating `specs` counts against the agent's quota: a creation per todo, and one
+    more per PARENTS_PER_CREATE parents each names (rounded down)."""
+    return sum(1 + len(spec["after"] or ()) // quotas.PARENTS_PER_CREATE for spec in specs)
 
 
 @contextmanager

@@ -18,6 +18,10 @@ from switchboard_todos.models import Agent
 from switchboard_todos.sql import agent_queries
 from switchboard_todos.transitions import DEFAULT_MAX_ATTEMPTS
 
+#: Each this many parents a todo names (`after`) count as one more creation against the agent's
+#: quota: a parent named costs the database a read and an edge written, as a todo does a row.
+PARENTS_PER_CREATE = 10
+
 #: Longest Retry-After of a claim refused at the agent's quota of held todos, in seconds.
 HELD_RETRY_MAX = 60
 #: JSON of a complete, fail or heartbeat up to this many bytes is not counted against the
@@ -63,8 +67,10 @@ def count_creates(agent: Agent, count: int, size: int) -> None:
     quota = _quota(agent.max_creates_per_minute, conf.AGENT_MAX_CREATES_PER_MINUTE)
     if count > quota:
         raise InvalidTodo(
-            f"A plan of {count} todos is more than agent {agent.name!r} may create in a minute "
-            f"(max_creates_per_minute {quota}): make it smaller; nothing was created."
+            f"This create counts {count} creations (one a todo, and one for each "
+            f"{PARENTS_PER_CREATE} parents a todo names in `after`): more than agent "
+            f"{agent.name!r} may create in a minute (max_creates_per_minute {quota}): make it "
+            "smaller; nothing was created."
         )
     window_left = _count(agent, count, quota, size)
     if window_left is not None:
