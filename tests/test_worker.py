@@ -317,7 +317,9 @@ def test_more_hung_threads_than_runners_end_the_worker(gate: dict[str, str]) -> 
     finally:
         open_gate(gate)
     assert (
-        Todo.objects.filter(attempt=1, errors__0__error__type__endswith="HandlerTimeout").count()
+        Todo.objects.filter(
+            attempt=1, error_entries__entry__error__type__endswith="HandlerTimeout"
+        ).count()
         == 2
     )
 
