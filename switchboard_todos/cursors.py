@@ -199,12 +199,18 @@ def _plan_generically(connection: Connection[Any]) -> None:
     per todo drained against 52 (docs/benchmarks.md). The manager's statements are written to
     keep one plan whatever their parameters (sql/claiming.sql, claim_next). The setting is the
     session's: it also holds for the other named prepared statements and PL/pgSQL plans of the
-    connection (SWITCHBOARD_TODOS_GENERIC_PLANS = False leaves it alone). Set only outside a
+    connection (SWITCHBOARD_TODOS_GENERIC_PLANS = False leaves it alone). And JIT off: a
+    generic plan's estimate does not know the parameters, and one that crossed jit_above_cost
+    (a table's statistics seen with few distinct turns, say) compiled the claim at every call,
+    230 ms each where it runs in 2 (docs/benchmarks.md, scenario 10). Set only outside a
     transaction, whose rollback would undo it; a connection in one is tried again at its next
     cursor.
     """
     if connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
-        connection.execute("SET plan_cache_mode = force_generic_plan")
+        connection.execute(
+            "SELECT set_config('plan_cache_mode', 'force_generic_plan', false),"
+            " set_config('jit', 'off', false)"
+        )
         _generic.add(connection)
 
 

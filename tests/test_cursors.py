@@ -89,6 +89,22 @@ def test_the_claim_keeps_its_generic_plan_while_the_table_grows() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_session_of_the_statements_has_jit_off() -> None:
+    """A backlog whose turns are few distinct values (bulk inserts, each of one now()) beside
+    another queue's: the claim's generic plan was estimated past jit_above_cost, and each claim
+    was compiled anew, some 230 ms where it runs in 2 (docs/benchmarks.md, scenario 10). The
+    session the statements run on has JIT off, as its plans are generic."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone() == ("on",)  # the server's default here
+    connection.close()
+    Todo.objects.claim_next("work", "w1", 30)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone() == ("off",)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_generic_plans_wait_for_a_transaction_to_end_and_can_be_left_off(settings: Any) -> None:
     """The session setting is made outside a transaction (a rollback would undo it); with
     SWITCHBOARD_TODOS_GENERIC_PLANS = False the session is left as it was."""
