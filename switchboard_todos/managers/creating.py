@@ -403,13 +403,7 @@ class Creating(Machinery):
             "id": None if params["parents"] is None else new_todo_id(),
         }
         for _ in range(3):
-            rows = self._run(
-                name,
-                params,
-                extra="created",
-                given=lambda _id: params,
-                prepared=params["fair_key"] is None,  # a turn's probes: planned at this call
-            )
+            rows = self._run(name, params, extra="created", given=lambda _id: params)
             if rows:
                 todo, created = rows[0]
                 return todo, bool(created)
