@@ -718,7 +718,8 @@ def test_streamable_http_answers_503_while_the_database_is_down(agent: tuple[Age
         "Accept": "application/json, text/event-stream",
     }
     try:
-        with serve_mcp(DATABASE_URL=through_relay.geturl()) as endpoint:
+        # Without a pool, whose wait for a connection (30 s) would come first.
+        with serve_mcp(DATABASE_URL=through_relay.geturl(), DATABASE_POOL_SIZE="0") as endpoint:
             relay.cut()
             down = httpx.post(endpoint, json=initialize, headers=headers, timeout=60)
             relay.open()  # the server stops with its database back
