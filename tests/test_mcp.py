@@ -663,15 +663,20 @@ class Cuttable:
             sink.close()
 
 
-def test_stdio_session_outlives_the_database(agent: tuple[Agent, str]) -> None:
-    """The database gone: a tool error that says retry (the HTTP API's 503); back: it works."""
+def relayed_database() -> tuple[Cuttable, str]:
+    """An open relay to the test database, and the database's URL through it."""
     settings = connections["default"].settings_dict
     relay = Cuttable(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
     relay.open()
     url = urlsplit(database_url())
     credentials, _, _ = url.netloc.rpartition("@")
-    through_relay = url._replace(netloc=f"{credentials}@127.0.0.1:{relay.port}".lstrip("@"))
-    env = {**child_environment(), "DATABASE_URL": through_relay.geturl()}
+    return relay, url._replace(netloc=f"{credentials}@127.0.0.1:{relay.port}".lstrip("@")).geturl()
+
+
+def test_stdio_session_outlives_the_database(agent: tuple[Agent, str]) -> None:
+    """The database gone: a tool error that says retry (the HTTP API's 503); back: it works."""
+    relay, through_relay = relayed_database()
+    env = {**child_environment(), "DATABASE_URL": through_relay}
     server = StdioServerParameters(
         command=sys.executable, args=["manage.py", "todo_mcp", "--agent", AGENT], env=env, cwd=ROOT
     )
@@ -697,12 +702,7 @@ def test_stdio_session_outlives_the_database(agent: tuple[Agent, str]) -> None:
 def test_streamable_http_answers_503_while_the_database_is_down(agent: tuple[Agent, str]) -> None:
     """A token that cannot be checked, the database gone, is the server's fault: 503 with
     Retry-After and a JSON-RPC error saying to retry, not a bare 500 (nor a 401)."""
-    settings = connections["default"].settings_dict
-    relay = Cuttable(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
-    relay.open()
-    url = urlsplit(database_url())
-    credentials, _, _ = url.netloc.rpartition("@")
-    through_relay = url._replace(netloc=f"{credentials}@127.0.0.1:{relay.port}".lstrip("@"))
+    relay, through_relay = relayed_database()
     initialize = {
         "jsonrpc": "2.0",
         "id": 1,
@@ -719,7 +719,7 @@ def test_streamable_http_answers_503_while_the_database_is_down(agent: tuple[Age
     }
     try:
         # Without a pool, whose wait for a connection (30 s) would come first.
-        with serve_mcp(DATABASE_URL=through_relay.geturl(), DATABASE_POOL_SIZE="0") as endpoint:
+        with serve_mcp(DATABASE_URL=through_relay, DATABASE_POOL_SIZE="0") as endpoint:
             relay.cut()
             down = httpx.post(endpoint, json=initialize, headers=headers, timeout=60)
             relay.open()  # the server stops with its database back
