@@ -169,8 +169,10 @@ def test_a_retry_takes_a_new_turn_behind_its_keys_backlog(how: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_claimers_each_take_their_share() -> None:
-    """Exact under concurrency: four claimers racing for batches of ten over five keys each
-    get at most two of a key in a batch, and no todo twice."""
+    """Exact under concurrency: four claimers racing for batches of ten over five keys take
+    the first 480 turns, 96 of each key, and no todo twice. A single batch may reach past rows
+    another claimer holds locked (SKIP LOCKED), so one batch can hold a third of a key; the
+    turns taken together cannot."""
     keys = [f"tenant-{n}" for n in range(5)]
     for key in keys:
         enqueue(key, 200)
@@ -180,8 +182,7 @@ def test_concurrent_claimers_each_take_their_share() -> None:
 
     batches = [batch for batches in run_in_threads(4, claim) for batch in batches]
     assert sum(map(len, batches)) == 480
-    for batch in batches:
-        assert max(keys_of(batch).values()) <= 2
+    assert keys_of([todo for batch in batches for todo in batch]) == dict.fromkeys(keys, 96)
     ids = [todo.id for batch in batches for todo in batch]
     assert len(ids) == len(set(ids))
     assert Todo.objects.filter(state=State.CLAIMED).count() == 480
