@@ -378,10 +378,11 @@ def reset(backlog: int = 0, *, queue: str = QUEUE, using: str = "default") -> No
         if backlog:
             cursor.execute(
                 """
-                INSERT INTO todos (queue, kind, payload, created_at)
-                SELECT %s, 'bench.noop', jsonb_build_object('n', g),
-                       now() - (%s - g) * interval '1 microsecond'
+                INSERT INTO todos (queue, kind, payload, created_at, fair_at)
+                SELECT %s, 'bench.noop', jsonb_build_object('n', g), at, at
                   FROM generate_series(1, %s) AS g
+                 CROSS JOIN LATERAL (
+                        SELECT now() - (%s - g) * interval '1 microsecond' AS at) AS created
                 """,
                 [queue, backlog, backlog],
             )
