@@ -219,6 +219,7 @@ TRANSITIONS: dict[str, Transition] = {
         Transition("create_graph", frozenset(), method="create_many"),
         Transition("tick_schedule", frozenset()),
         Transition("claim_next", frozenset({State.PENDING, State.CLAIMED})),
+        Transition("claim_ready", frozenset({State.PENDING}), method="claim_next"),
         Transition("claim_filtered", frozenset({State.PENDING, State.CLAIMED})),
         Transition(
             "claim",

@@ -51,13 +51,18 @@ def test_statements_are_prepared_once_per_connection() -> None:
     for _ in range(8):
         Todo.objects.filter(kind="k").count()
     statements = prepared_statements()
-    for name in ("create_todo", "claim_next", "complete"):
+    for name in ("create_todo", "claim_next", "claim_ready", "complete"):
         assert len(prepared_as(name, statements)) == 1, name
     # Never planned anew: the session plans prepared statements generically (cursors.py).
-    [(generic, custom)] = prepared_as("claim_next", statements)
-    assert (generic, custom) == (8, 0)
+    assert claim_plans(statements) == (8, 0)
     # Django's own queries are left as Django runs them.
-    assert len(statements) == 3, statements
+    assert len(statements) == 4, statements
+
+
+def claim_plans(statements: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """The generic and custom plans of the claims, full (claim_next) and lean (claim_ready)."""
+    [full], [lean] = prepared_as("claim_next", statements), prepared_as("claim_ready", statements)
+    return full[0] + lean[0], full[1] + lean[1]
 
 
 def plan_cache_mode() -> str:
@@ -83,8 +88,7 @@ def test_the_claim_keeps_its_generic_plan_while_the_table_grows() -> None:
     for _ in range(30):
         claimed = Todo.objects.claim_batch("default", "w1", 30, limit=50)
         Todo.objects.complete_many("w1", {todo.id: None for todo in claimed})
-    [(generic, custom)] = prepared_as("claim_next", prepared_statements())
-    assert (generic, custom) == (30, 0)
+    assert claim_plans(prepared_statements()) == (30, 0)
     assert plan_cache_mode() == "force_generic_plan"
 
 
@@ -259,10 +263,12 @@ def test_other_unsupported_features_are_errors(db: None, monkeypatch: pytest.Mon
 
 def test_a_long_statement_is_converted_once(make_todo: Any) -> None:
     """The claim (over psycopg's 4,096-byte cache of converted statements) is converted from
-    its named placeholders once, not at every call."""
-    assert len(queries["claim_next"]) > 4096
+    its named placeholders once, not at every call (the first claim, a full scan, and the
+    second, lean, convert theirs)."""
+    assert len(queries["claim_next"]) > 4096 and len(queries["claim_ready"]) > 4096
     make_todo()
-    Todo.objects.claim_next("default", "w1", 30)
+    for _ in range(2):
+        Todo.objects.claim_next("default", "w1", 30)
     converted = cursors._converted.cache_info()
     for _ in range(3):
         Todo.objects.claim_next("default", "w1", 30)

@@ -127,9 +127,11 @@ def test_a_claim_planned_on_an_empty_table_scans_it_until_it_is_analyzed() -> No
     generic plan that reads the whole table at every claim once work arrives (17.7 ms a todo
     at 100,000). Once the table has outgrown what the planner measured eightfold,
     analyze_if_outgrown analyzes it, the connection plans again, and claims use the indexes;
-    then there is nothing more to do."""
+    then there is nothing more to do. (Two claims: the process's first is a full scan, the
+    second lean, and each statement keeps the plan it was first given.)"""
     emptied()
-    assert Todo.objects.claim_batch("default", "w1", 30, 10) == []
+    for _ in range(2):
+        assert Todo.objects.claim_batch("default", "w1", 30, 10) == []
     Todo.objects.enqueue_many({"kind": "k", "payload": {"n": n}} for n in range(6000))
     assert seq_scans_of_a_claim() > 0
     outgrown = vacuum.analyze_if_outgrown("default")

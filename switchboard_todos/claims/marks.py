@@ -27,6 +27,13 @@ several worker processes), never starves. The interval keeps full scans to about
 in a hundred for a busy worker, so they do not make the claim's p99. The marks live in this
 process's memory, per database, queue and priority, shared by its threads: a restarted
 process starts with a full scan, which is correct, only slower.
+
+A claim that is not a full scan runs lean (claim_ready in sql/claiming.sql) unless the last
+claim of this process from the same queues found one of them paused or limited. Each claim
+statement says whether it did, so this memory follows the operators' changes at the next
+claim; and the lean statement reads the queues' settings itself and claims nothing when one
+limits them, so the memory only spares a limited queue the lean statement's round trip: it
+can never make a claim wrong.
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ class Marks:
         self._lock = threading.Lock()
         self._marks: dict[tuple[str, str], dict[int, datetime]] = {}
         self._full_scans: dict[str, float] = {}
+        self._limited: set[tuple[str, tuple[str, ...]]] = set()
 
     def for_claim(self, alias: str, queues: Sequence[str]) -> ClaimMarks:
         """The marks of the next claim from `queues` (see ClaimMarks)."""
@@ -127,11 +135,25 @@ class Marks:
             for (queue, priority), turn in oldest.items():
                 self._marks.setdefault((alias, queue), {})[priority] = turn - MARK_SLACK
 
+    def lean(self, alias: str, queues: Sequence[str]) -> bool:
+        """Whether a claim from `queues` may try the lean statement: the last claim from them
+        did not find one paused or limited."""
+        return (alias, tuple(queues)) not in self._limited
+
+    def found(self, alias: str, queues: Sequence[str], *, limited: bool) -> None:
+        """A claim from `queues` found one of them paused or limited, or none."""
+        with self._lock:
+            if limited:
+                self._limited.add((alias, tuple(queues)))
+            else:
+                self._limited.discard((alias, tuple(queues)))
+
     def forget(self) -> None:
         """Drop every mark: the next claims scan from the head (tests, a truncated table)."""
         with self._lock:
             self._marks.clear()
             self._full_scans.clear()
+            self._limited.clear()
 
 
 #: This process's marks.

@@ -180,17 +180,32 @@ class Claiming(Machinery):
     def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
         """Run the claim from the queues' low-water marks (claims/marks.py) and move them.
 
-        A claim that keeps losing races for concurrency keys claims nothing.
+        Lean (claim_ready) unless it is a full scan or the last claim from these queues found
+        one paused or limited (claims/marks.py); a lean claim that finds one so claims nothing,
+        and the full one runs. A claim that keeps losing races for concurrency keys claims
+        nothing.
         """
         alias = self._db_alias
-        params = {
-            **params,
-            "queues": cursors.array_literal(params["queues"]),
-            **marks.for_claim(alias, params["queues"]).params(),
-        }
+        queues = params["queues"]
+        found = marks.for_claim(alias, queues)
+        params = {**params, "queues": cursors.array_literal(queues), **found.params()}
+        lean = not found.full_scan and marks.lean(alias, queues)
         for _ in range(KEY_RACE_TRIES):
             try:
-                rows = self._run("claim_next", params, extra="ready_turn")
+                limited: list[Any] = []
+                if lean:
+                    rows = self._run(
+                        "claim_next",
+                        params,
+                        extra="ready_turn",
+                        statement=queries["claim_ready"],
+                        markers=limited,
+                    )
+                    lean = not limited
+                if not lean:
+                    limited.clear()
+                    rows = self._run("claim_next", params, extra="ready_turn", markers=limited)
+                marks.found(alias, queues, limited=bool(limited))
             except IntegrityError as error:
                 if not self._lost_key_race(error):
                     raise

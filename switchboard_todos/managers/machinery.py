@@ -156,6 +156,7 @@ class Machinery(_TodoManagerBase["Todo"]):
         statement: str | None = None,
         given: Callable[[str], Mapping[str, Any]] | None = None,
         prepared: bool = True,
+        markers: list[Any] | None = None,
     ) -> list[tuple[Todo, Any]]:
         """Run statement `name` (or `statement`, composed for this call, under that name);
         build a Todo from each row, matching columns by name.
@@ -166,7 +167,8 @@ class Machinery(_TodoManagerBase["Todo"]):
         `extra`, created, true) leave out what the creator gave (created_columns in
         sql/creating.sql, CREATED_NULLS): `given` gives those values, validated, of the todo of an
         id, and the columns' defaults fill in the rest (CREATED_FRESH). `prepared=False`: planned
-        at this call (cursors.cursor).
+        at this call (cursors.cursor). A row whose id is NULL is the statement's marker, not a
+        todo (claim_ready's "limited"): its `extra` goes to `markers`.
         """
         alias = self._db_alias
         connection = connections[alias]
@@ -179,6 +181,9 @@ class Machinery(_TodoManagerBase["Todo"]):
         loaded = []
         for row in rows:
             values = list(layout.pick(row))
+            if markers is not None and values[layout.id] is None:
+                markers.append(None if layout.extra is None else row[layout.extra])
+                continue
             if given is not None and row[layout.extra]:
                 inserted = given(values[layout.id])
                 for index, attname in layout.given:

@@ -113,6 +113,17 @@ SELECT id, owner, attempt, claimed_at
  ORDER BY id
    FOR NO KEY UPDATE
 
+-- fragment: leased_to_owner
+-- What every claim of a queue's todos writes to each: the lease to %(owner)s (lease_end), one
+-- more attempt.
+state = 'claimed',
+owner = %(owner)s,
+lease_expires_at = {{lease_end(todos)}},
+attempt = attempt + 1,
+claimed_at = now(),
+next_retry_at = NULL,
+updated_at = now()
+
 -- fragment: set_claimed(slot, entry, trimmed)
 -- What a claim writes: the lease to %(owner)s (lease_end), one more attempt, its slot in a
 -- queue with a concurrency limit (of `slot`, id to slot). A claim that takes over an expired
@@ -121,20 +132,14 @@ SELECT id, owner, attempt, claimed_at
 -- are gathered once into a JSON object, id to slot, that each row looks itself up in: a
 -- subquery over `slot` per row read the whole CTE for each todo claimed, a cost that grew
 -- with the square of the batch.
-SET state = 'claimed',
-    owner = %(owner)s,
-    lease_expires_at = {{lease_end(todos)}},
-    attempt = attempt + 1,
-    claimed_at = now(),
-    next_retry_at = NULL,
+SET {{leased_to_owner}},
     errors_dropped = CASE WHEN state = 'claimed'
                           THEN errors_dropped + {{dropped($trimmed, todos)}}
                           ELSE errors_dropped END,
     errors_bytes = CASE WHEN state = 'claimed'
                         THEN errors_bytes + {{grown($entry, $trimmed, todos)}}
                         ELSE errors_bytes END,
-    slot = ((SELECT jsonb_object_agg($slot.id, $slot.slot) FROM $slot) ->> todos.id)::smallint,
-    updated_at = now()
+    slot = ((SELECT jsonb_object_agg($slot.id, $slot.slot) FROM $slot) ->> todos.id)::smallint
 
 -- fragment: counted(claimed, slot, room)
 -- The body of the "counted" CTE of a claim: the todos of `claimed` from each rate-limited
@@ -191,6 +196,52 @@ SELECT * FROM (
        FOR UPDATE SKIP LOCKED
 ) AS scan
 
+-- fragment: claimed_in_order(claimed, picked, ready, limited)
+-- What claim_next and claim_ready return: the todos `claimed`, in claim order (their ranks in
+-- `picked`), each with its ready_turn (its turn if it came from `ready`, else NULL: the marks
+-- move on those, claims/marks.py); and a row of NULLs when `limited` (a CTE of the queues a
+-- todo_queues row pauses or limits) has a row, which tells the manager that the claim's queues
+-- are limited: the next claim from them runs claim_next, not the lean claim_ready.
+SELECT *
+  FROM (SELECT $claimed.*,
+               CASE WHEN $claimed.id IN (SELECT id FROM $ready) THEN $picked.claimable_at END
+                   AS ready_turn,
+               $picked.priority AS ranked_priority, $picked.claimable_at AS ranked_at
+          FROM $claimed JOIN $picked ON $picked.id = $claimed.id
+        UNION ALL
+        SELECT (NULL::todos).*, NULL, NULL, NULL
+         WHERE EXISTS (SELECT FROM $limited)) AS taken
+ ORDER BY ranked_priority DESC, ranked_at
+
+-- fragment: ready_todos
+-- The body of a claim's "ready" CTE: the ready todos of each queue of %(queues)s, locked, in
+-- claim order from its marks (ready_scan; claim_next says which), each queue as far as
+-- %(limit)s and its room (the "room" CTE: nothing limits a queue without a row there).
+SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
+       candidate.fair_at AS claimable_at
+  FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
+              (SELECT %(tops)s::int[]), (SELECT %(bottoms)s::int[]))
+       AS wanted (queue, mark, top, bottom)
+  LEFT JOIN room ON room.queue = wanted.queue
+ CROSS JOIN LATERAL (
+        SELECT * FROM (
+            {{ready_scan(wanted.queue, priority > wanted.top, wanted.mark)}}
+            UNION ALL
+            SELECT known.*
+              FROM unnest((SELECT %(group_queues)s::text[]),
+                          (SELECT %(group_priorities)s::int[]),
+                          (SELECT %(group_marks)s::timestamptz[]))
+                   AS grp (queue, priority, mark)
+             CROSS JOIN LATERAL (
+                    {{ready_scan(grp.queue, priority = grp.priority, grp.mark)}}
+                   ) AS known
+             WHERE grp.queue = wanted.queue
+            UNION ALL
+            {{ready_scan(wanted.queue, priority < wanted.bottom, wanted.mark)}}
+        ) AS locked
+        LIMIT least((SELECT %(limit)s::int), room.room)
+       ) AS candidate
+
 -- name: claim_next
 -- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
 -- priority first, then the earliest turn (fair_at: a todo's creation time without a fair key;
@@ -221,32 +272,7 @@ SELECT * FROM (
 -- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
 -- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
 WITH room AS MATERIALIZED ({{room((SELECT %(queues)s::text[])::text[])}}),
-ready AS MATERIALIZED (
-    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
-           candidate.fair_at AS claimable_at
-      FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
-                  (SELECT %(tops)s::int[]), (SELECT %(bottoms)s::int[]))
-           AS wanted (queue, mark, top, bottom)
-      LEFT JOIN room ON room.queue = wanted.queue
-     CROSS JOIN LATERAL (
-            SELECT * FROM (
-                {{ready_scan(wanted.queue, priority > wanted.top, wanted.mark)}}
-                UNION ALL
-                SELECT known.*
-                  FROM unnest((SELECT %(group_queues)s::text[]),
-                              (SELECT %(group_priorities)s::int[]),
-                              (SELECT %(group_marks)s::timestamptz[]))
-                       AS grp (queue, priority, mark)
-                 CROSS JOIN LATERAL (
-                        {{ready_scan(grp.queue, priority = grp.priority, grp.mark)}}
-                       ) AS known
-                 WHERE grp.queue = wanted.queue
-                UNION ALL
-                {{ready_scan(wanted.queue, priority < wanted.bottom, wanted.mark)}}
-            ) AS locked
-            LIMIT least((SELECT %(limit)s::int), room.room)
-           ) AS candidate
-),
+ready AS MATERIALIZED ({{ready_todos}}),
 due AS MATERIALIZED (
     SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
            greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
@@ -303,11 +329,61 @@ claimed AS (
     RETURNING todos.*
 ),
 counted AS ({{counted(claimed, slot, room)}})
-SELECT claimed.*,
-       CASE WHEN claimed.id IN (SELECT id FROM ready) THEN picked.claimable_at END
-           AS ready_turn
-  FROM claimed JOIN picked ON picked.id = claimed.id
- ORDER BY picked.priority DESC, picked.claimable_at;
+{{claimed_in_order(claimed, picked, ready, room)}};
+
+-- name: claim_ready
+-- claim_next, lean, for the common case: queues that no todo_queues row pauses or limits, and
+-- a claim that does not look for expired leases (not %(full_scan)s). The same ready and due
+-- scans, the same concurrency keys, turns and %(max_held)s, without what only limits and
+-- taken-over leases need (room's lock, slots, the rate count, the failure history), which
+-- cost the claim of one todo most of its time in the executor. Whether a queue is paused or
+-- limited is read in the statement ("limited", unlocked, as the snapshot has it: a pause that
+-- commits while this runs comes after it): if one is, it claims nothing, and says so
+-- (claimed_in_order), and the manager claims with claim_next.
+WITH limited AS MATERIALIZED (
+    SELECT settings.name
+      FROM todo_queues AS settings
+     WHERE settings.name = ANY ((SELECT %(queues)s::text[])::text[])
+       AND (settings.paused OR settings.rate_limit IS NOT NULL
+            OR settings.concurrency_limit IS NOT NULL)
+),
+room AS MATERIALIZED (
+    SELECT wanted.queue, 0 AS room
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
+     WHERE EXISTS (SELECT FROM limited)
+),
+ready AS MATERIALIZED ({{ready_todos}}),
+due AS MATERIALIZED (
+    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
+           greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
+      LEFT JOIN room ON room.queue = wanted.queue
+     CROSS JOIN LATERAL (
+            SELECT * FROM (
+                SELECT id, priority, concurrency_key, next_retry_at, fair_at
+                  FROM todos
+                 WHERE state = 'pending' AND next_retry_at IS NOT NULL
+                   AND queue = wanted.queue
+                   AND next_retry_at <= now()
+                   AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
+                   AND {{key_free(todos)}}
+                 ORDER BY next_retry_at
+                 LIMIT 1000
+                   FOR UPDATE SKIP LOCKED
+            ) AS locked
+            LIMIT least((SELECT %(limit)s::int), room.room)
+           ) AS candidate
+),
+expired AS (SELECT * FROM ready WHERE false),
+first_per_key AS MATERIALIZED ({{first_per_key(ready, due, expired)}}),
+picked AS MATERIALIZED ({{picked(first_per_key, room)}}),
+claimed AS (
+    UPDATE todos
+       SET {{leased_to_owner}}
+     WHERE id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING todos.*
+)
+{{claimed_in_order(claimed, picked, ready, limited)}};
 
 -- name: claim_filtered
 -- Claim the todos an ORM queryset picks (querysets.py). The three placeholders in braces are
