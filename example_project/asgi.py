@@ -1,6 +1,6 @@
 """ASGI entry point of the example project: Django, and the MCP endpoint at /mcp.
 
-A small Starlette application routes /mcp to the MCP tools (bearer tokens of the agents) and
+A small Starlette router sends /mcp to the MCP tools (bearer tokens of the agents) and
 everything else (admin, webhooks, /api/, /sqs/) to Django, with the agent loop's verbs of /api/
 answered in front of Django's handler (AgentsAPIFirst, docs/agents.md) and SQS requests
 answered at any path (SQSAnywhere, docs/sqs.md). It also runs the MCP
@@ -20,8 +20,7 @@ from typing import cast
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
-from starlette.applications import Starlette
-from starlette.routing import Mount, Route
+from starlette.routing import Route, Router
 from starlette.types import ASGIApp
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
@@ -42,7 +41,7 @@ sqs = SQSAnywhere(site)
 
 
 @asynccontextmanager
-async def lifespan(app: Starlette) -> AsyncIterator[None]:
+async def lifespan(app: object) -> AsyncIterator[None]:
     async with mcp.lifespan():
         try:
             yield
@@ -51,7 +50,12 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             sqs.close()  # and the SQS endpoint's
 
 
-application = Starlette(
-    routes=[Route(mcp.path, mcp.app), Mount("/", cast(ASGIApp, sqs))],
+# Everything but /mcp goes to Django as it came, whatever its path: a Mount("/") matches no path
+# with a line break inside (Starlette's own text 404, not the API's problem) and mangles the
+# root path of one that ends with it, and redirect_slashes would answer some with a redirect.
+application = Router(
+    routes=[Route(mcp.path, mcp.app)],
+    default=cast(ASGIApp, sqs),
+    redirect_slashes=False,
     lifespan=lifespan,
 )

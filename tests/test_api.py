@@ -460,6 +460,14 @@ def test_unknown_routes_are_problems_even_without_the_trailing_slash(
     assert_problem(a1.post(path, {"ttl": 30}), 404, detail)
 
 
+def test_the_prefix_itself_is_no_route(tokens: dict[str, str]) -> None:
+    """Before, ninja's page: an HTML 404, and a CSRF refusal of a POST (checked, as a browser's
+    POST is: the test client skips the check unless asked)."""
+    client = Client(enforce_csrf_checks=True, headers={"Authorization": f"Bearer {tokens['a1']}"})
+    assert_problem(client.get(f"{API}/"), 404, "No route GET /api/.")
+    assert_problem(client.post(f"{API}/", "{}", "application/json"), 404, "No route POST /api/.")
+
+
 def fail_statements(error: Exception) -> Callable[..., Any]:
     def execute(*args: Any) -> Any:
         raise error

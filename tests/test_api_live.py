@@ -422,3 +422,55 @@ def test_a_plain_http_claim_gets_djangos_redirect_to_https(
     assert proxied.status_code == 200
     assert [claimed["id"] for claimed in proxied.json()["todos"]] == [todo.id]
     assert proxied.headers["strict-transport-security"] == "max-age=3600"
+
+
+#: Requests whose paths hold control characters, bytes that are no UTF-8 or no route, and
+#: methods their paths do not take: (method, path under /api/, status, problem type, Allow).
+ODD_REQUESTS = [
+    ("POST", "todos/%0A/heartbeat/", 422, "invalid-input", ""),
+    ("POST", "todos/a%0Ab/complete/", 404, "todo-not-found", ""),
+    ("POST", "todos/%1B%5B31m/release/", 404, "todo-not-found", ""),
+    ("POST", "todos/%FF/fail/", 404, "todo-not-found", ""),
+    ("POST", "todos/%0D%0A/claim/", 422, "invalid-input", ""),
+    ("GET", "todos/a%0Ab/", 404, "todo-not-found", ""),
+    ("GET", "todos/%0A/heartbeat/", 405, "method-not-allowed", "POST"),
+    ("POST", "todos/%0A/", 405, "method-not-allowed", "GET"),
+    ("DELETE", "todos/%FF%00/complete/", 405, "method-not-allowed", "POST"),
+    ("PUT", "claim/", 405, "method-not-allowed", "POST"),
+    ("POST", "todos/x/heartbeat/%0A", 404, "route-not-found", ""),
+    ("PUT", "nowhere%0A", 404, "route-not-found", ""),
+    ("POST", "%0A/", 404, "route-not-found", ""),
+    ("GET", "%C0%AF%25/", 404, "route-not-found", ""),
+    ("GET", "", 404, "route-not-found", ""),
+    ("POST", "", 404, "route-not-found", ""),
+]
+
+
+@pytest.mark.parametrize("app", ["tests.asgi:application", "example_project.asgi:application"])
+def test_every_answer_under_the_prefix_is_a_problem(
+    subprocess_env: dict[str, str], app: str
+) -> None:
+    """Whatever the path holds, on the verbs answered in front of Django and through its URLs.
+
+    Before, the example project's Starlette Mount("/") matched no path with a line break in
+    it and answered a plain-text 404 itself (Schemathesis: undocumented content type), and the
+    prefix itself was ninja's HTML 404, and a CSRF refusal of a POST. Outside the prefix, the
+    project's own answers stay."""
+    token = accounts.create_agent("odd", claim_queues=["work"])[1]
+    connections.close_all()
+    with serve(subprocess_env, app=app) as (base, process):
+        with agent_client(base, token) as client:
+            for method, path, status, kind, allow in ODD_REQUESTS:
+                url = httpx.URL(f"{base}/{path}")
+                answer = client.request(method, url, json={} if method == "POST" else None)
+                seen = (method, path, answer.status_code, answer.headers.get("content-type"))
+                assert seen[2:] == (status, "application/problem+json"), (seen, answer.text)
+                assert answer.json()["type"].endswith(f"#{kind}"), seen
+                assert answer.headers.get("allow", "") == allow, seen
+            site = base.removesuffix("/api")
+            for path in ["/nowhere%0A/", "/api%0A/"]:
+                outside = client.get(httpx.URL(site + path))
+                assert outside.status_code == 404
+                assert outside.headers["content-type"].startswith("text/html")
+        process.terminate()
+        assert "Traceback" not in process.communicate(timeout=30)[0]

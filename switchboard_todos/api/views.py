@@ -171,10 +171,10 @@ def todo_response(todo: Todo, status: int = 200) -> HttpResponse:
 
 
 @csrf_exempt
-def unknown_route(request: HttpRequest, path: str) -> HttpResponse:
-    """Anything else under the API's prefix: a problem, not an HTML page (nor, for a POST that
-    lacks the trailing slash, Django's APPEND_SLASH error)."""
-    hint = " The API's paths end with a slash." if not path.endswith("/") else ""
+def unknown_route(request: HttpRequest) -> HttpResponse:
+    """Anything else under the API's prefix, the prefix itself included: a problem, not an HTML
+    page (nor, for a POST that lacks the trailing slash, Django's APPEND_SLASH error)."""
+    hint = "" if request.path.endswith("/") else " The API's paths end with a slash."
     return problems.problem_response(
         errors.ROUTE_NOT_FOUND, f"No route {request.method} {request.path}.{hint}"
     )
