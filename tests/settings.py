@@ -46,6 +46,11 @@ SWITCHBOARD_TODOS_AGENT_MAX_WAITS = env.int("SWITCHBOARD_TODOS_AGENT_MAX_WAITS",
 SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT = env.int(
     "SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT", default=2 * SWITCHBOARD_TODOS_AGENT_MAX_WAITS
 )
+# The todos one agent may create a minute, for the server a test starts (tests/test_sqs_brokers.py:
+# a quota of 5 rather than 600 real sends).
+SWITCHBOARD_TODOS_AGENT_MAX_CREATES_PER_MINUTE = env.int(
+    "SWITCHBOARD_TODOS_AGENT_MAX_CREATES_PER_MINUTE", default=600
+)
 
 # The live HTTPS tests (tests/test_api_live.py) turn these on in the server they start.
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -10,6 +11,7 @@ from django.core.management import CommandError, call_command
 from switchboard_todos.agents import service
 from switchboard_todos.exceptions import NotAuthenticated
 from switchboard_todos.models import Agent
+from switchboard_todos.sqs.signing import secret_for
 
 pytestmark = pytest.mark.django_db
 
@@ -91,3 +93,75 @@ def test_quotas_are_whole_numbers_of_one_or_more(value: str) -> None:
     with pytest.raises(CommandError, match="max-held"):
         run("create", "bot", "--max-held", value)
     assert not Agent.objects.exists()
+
+
+BROKER = {"max_held": 1000, "max_creates_per_minute": 30000, "max_bytes_per_minute": 268435456}
+
+
+def quotas(name: str) -> dict[str, int | None]:
+    return {field: getattr(Agent.objects.get(name=name), field) for field in BROKER}
+
+
+def test_the_broker_preset_sets_its_quotas_at_creation_and_on_an_agent() -> None:
+    lines = run(
+        "create", "celery", "--queue", "celery", "--create-queue", "celery", "--preset", "broker"
+    )
+    assert quotas("celery") == BROKER
+    assert Agent.objects.get(name="celery").max_attempts_limit is None
+    shown = "max_held 1000, max_creates_per_minute 30000, max_attempts_limit 25 (default), "
+    shown += "max_bytes_per_minute 268435456"
+    assert lines[0].endswith(f"; {shown}.")
+    assert run("list")[0].endswith(shown)
+    run("create", "producer", "--create-queue", "celery")
+    assert quotas("producer") == dict.fromkeys(BROKER)
+    assert run("limits", "producer", "--preset", "broker") == [f"Agent 'producer': {shown}."]
+    assert quotas("producer") == BROKER
+
+
+def test_quota_options_given_with_the_preset_win() -> None:
+    run("create", "celery", "--preset", "broker", "--max-held", "5000")
+    assert quotas("celery") == {**BROKER, "max_held": 5000}
+    run("limits", "celery", "--preset", "broker", "--max-creates-per-minute", "default")
+    assert quotas("celery") == {**BROKER, "max_creates_per_minute": None}
+
+
+def test_an_unknown_preset_is_refused() -> None:
+    with pytest.raises(CommandError, match="invalid choice: 'tenant'"):
+        run("create", "celery", "--preset", "tenant")
+    assert not Agent.objects.exists()
+
+
+def test_sqs_credentials_refuses_a_secret_key_made_anew_by_every_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new process of these settings derives another key: the server would refuse the secret."""
+    run("create", "celery", "--queue", "celery")
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.throwaway_key_settings")
+    out = StringIO()
+    with pytest.raises(CommandError, match="that every process of tests.throwaway_key_settings"):
+        call_command("todo_agent", "sqs-credentials", "celery", stdout=out)
+    assert out.getvalue() == ""
+
+
+def test_sqs_credentials_takes_a_fixed_sqs_key_beside_a_secret_key_made_anew(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    run("create", "celery", "--queue", "celery")
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.throwaway_key_settings")
+    monkeypatch.setenv("SWITCHBOARD_TODOS_SQS_KEY", "a-fixed-key-of-the-sqs-secrets")
+    settings.SWITCHBOARD_TODOS_SQS_KEY = "a-fixed-key-of-the-sqs-secrets"
+    assert run("sqs-credentials", "celery") == [
+        "AWS_ACCESS_KEY_ID=celery",
+        f"AWS_SECRET_ACCESS_KEY={secret_for(Agent.objects.get(name='celery'))}",
+    ]
+
+
+def test_sqs_credentials_warns_when_a_new_process_cannot_be_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run("create", "celery", "--queue", "celery")
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.no_such_settings")
+    out, err = StringIO(), StringIO()
+    call_command("todo_agent", "sqs-credentials", "celery", stdout=out, stderr=err)
+    assert "could not be asked which SQS server key it derives" in err.getvalue()
+    assert out.getvalue().splitlines()[0] == "AWS_ACCESS_KEY_ID=celery"

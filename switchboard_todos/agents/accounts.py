@@ -24,6 +24,22 @@ from switchboard_todos.agents.tokens import REVOKED, issue_token
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.models import Agent, agent_name_validator
 
+#: Quotas fit for a kind of agent, as Agent fields; `todo_agent create/limits --preset NAME`
+#: sets them (docs/agents.md#quota-presets). `broker`: the agent Celery or dramatiq sends and
+#: receives as over SQS (docs/celery.md), the project's own producers rather than a tenant.
+#: 500 creations a second, five times the rate the measured server ran Celery tasks at end to
+#: end, stop a runaway loop rather than a busy project; 256 MiB a minute is 8 KiB a message at
+#: that rate (a small Celery task's is 1.3 KiB); 1,000 held leaves room for the workers'
+#: prefetch and for the countdown and ETA tasks they hold until due. The max_attempts limit
+#: stays: SQS senders give none.
+QUOTA_PRESETS: dict[str, dict[str, int]] = {
+    "broker": {
+        "max_held": 1_000,
+        "max_creates_per_minute": 30_000,
+        "max_bytes_per_minute": 256 * 1024 * 1024,
+    },
+}
+
 
 def create_agent(
     name: str, *, claim_queues: Iterable[str] = (), create_queues: Iterable[str] = ()

@@ -49,13 +49,20 @@ class SigningError(Exception):
         self.code = code
 
 
+def server_key() -> str:
+    """The key every agent's secret is derived from: SWITCHBOARD_TODOS_SQS_KEY, else SECRET_KEY.
+
+    Only this key is tried, never SECRET_KEY_FALLBACKS: a server whose key changed refuses
+    every secret derived from the old one."""
+    return getattr(settings, "SWITCHBOARD_TODOS_SQS_KEY", None) or settings.SECRET_KEY
+
+
 def secret_for(agent: Agent) -> str:
     """The agent's SQS secret access key (40 characters, as AWS's)."""
-    key = getattr(settings, "SWITCHBOARD_TODOS_SQS_KEY", None) or settings.SECRET_KEY
     digest = salted_hmac(
         "switchboard_todos.sqs",
         f"{agent.name}:{agent.token_generation}:{agent.credential_salt}",
-        secret=key,
+        secret=server_key(),
         algorithm="sha256",
     ).hexdigest()
     return digest[:40]

@@ -6,9 +6,12 @@ import json
 import secrets
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
+from switchboard_todos.agents import accounts
+from switchboard_todos.sqs.signing import secret_for
 from tests.conftest import ROOT
 
 PRODUCTION = {
@@ -136,3 +139,29 @@ def test_the_database_has_a_connection_pool_unless_told_otherwise(
         assert shown.returncode == 0, shown.stderr
         pools.append(json.loads(shown.stdout))
     assert pools == [{"min_size": 1, "max_size": 32}, {"min_size": 1, "max_size": 8}, None]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sqs_credentials_need_a_secret_key_the_server_shares(
+    subprocess_env: dict[str, str], settings: Any
+) -> None:
+    """Under DEBUG=1 without SECRET_KEY each process makes its own key, so each would derive
+    another SQS secret, and the server refuse it: the command refuses, exit status 1. With a
+    SECRET_KEY set, it prints the secret a server with that key derives."""
+    agent = accounts.create_agent("celery", create_queues=["celery"])[0]
+    command = ("manage.py", "todo_agent", "sqs-credentials", "celery")
+    throwaway = example(subprocess_env, {"DEBUG": "1"}, *command)
+    assert throwaway.returncode == 1
+    assert "SECRET_KEY) that every process of example_project.settings makes anew" in (
+        throwaway.stderr
+    )
+    assert throwaway.stdout == ""
+    fixed = example(
+        subprocess_env, {"DEBUG": "1", "SECRET_KEY": PRODUCTION["SECRET_KEY"]}, *command
+    )
+    assert fixed.returncode == 0, fixed.stderr
+    settings.SECRET_KEY = PRODUCTION["SECRET_KEY"]
+    assert fixed.stdout.splitlines() == [
+        "AWS_ACCESS_KEY_ID=celery",
+        f"AWS_SECRET_ACCESS_KEY={secret_for(agent)}",
+    ]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
 from argparse import SUPPRESS, ArgumentParser
 from collections.abc import Callable
 from typing import Any
@@ -23,8 +27,10 @@ class Command(OperatorCommand):
         "is stored). `revoke` refuses the agent's token from now on; `rotate` gives a new one "
         "and makes a revoked agent active again. `sqs-credentials` prints the agent's SQS "
         "access key and secret as two shell lines (docs/sqs.md); rotating the token rotates them. "
-        "`limits` sets the agent's quotas (`default`: the SWITCHBOARD_TODOS_AGENT_* setting), "
-        "or shows them."
+        "It refuses while a new process of these settings would derive another server key (a "
+        "SECRET_KEY made anew at each start): the secret would be refused. `limits` sets the "
+        "agent's quotas (`default`: the SWITCHBOARD_TODOS_AGENT_* setting), or shows them; "
+        "`--preset broker` gives those of an agent Celery or dramatiq uses (docs/celery.md)."
     )
 
     examples = [
@@ -34,6 +40,8 @@ class Command(OperatorCommand):
         "manage.py todo_agent revoke triage-bot",
         "manage.py todo_agent list",
         "manage.py todo_agent sqs-credentials triage-bot",
+        "manage.py todo_agent create celery --queue celery --create-queue celery --preset broker",
+        "manage.py todo_agent limits celery --preset broker",
         "manage.py todo_agent create importer --create-queue github --max-creates-per-minute 60",
         "manage.py todo_agent limits triage-bot --max-held 10 --max-attempts default",
         "manage.py todo_agent limits importer --max-bytes-per-minute 4194304",
@@ -73,6 +81,8 @@ class Command(OperatorCommand):
         if action == "list":
             self._list()
             return
+        if action == "sqs-credentials":
+            self._refuse_a_key_of_this_process()
         if action == "create":
             try:
                 agent, token = accounts.create_agent(
@@ -107,6 +117,38 @@ class Command(OperatorCommand):
             accounts.revoke(agent)
             self.stdout.write(f"Revoked the token of agent {agent.name!r}.")
 
+    def _refuse_a_key_of_this_process(self) -> None:
+        """CommandError when a new process of these settings derives another server key (a
+        SECRET_KEY made anew at each start, as the example project's under DEBUG=1 without
+        one): the secret printed would be refused by the server, and by every later run.
+
+        Refused rather than warned about: the secret is then certain to fail, and a warning
+        is lost where the output is sourced or captured. A new process is asked because only
+        that tells a key made at each start from a fixed one written in the settings."""
+        from switchboard_todos.sqs.signing import server_key
+
+        settings_module = os.environ.get("DJANGO_SETTINGS_MODULE")
+        if not settings_module:  # settings.configure(): no settings a new process could load
+            return
+        derived = _key_digest_of_a_new_process()
+        if derived is None:
+            self.stderr.write(
+                f"Warning: a new process of {settings_module} could not be asked which SQS "
+                "server key it derives; if SECRET_KEY is made anew at each start, the secret "
+                "below will be refused (SignatureDoesNotMatch)."
+            )
+            return
+        if derived != key_digest(server_key()):
+            raise CommandError(
+                "SQS secrets are derived from a server key (SWITCHBOARD_TODOS_SQS_KEY, else "
+                f"SECRET_KEY) that every process of {settings_module} makes anew: a new process "
+                "derived another. A secret printed here would be refused by the server "
+                "(SignatureDoesNotMatch), as would one from any later run. Give SECRET_KEY, or "
+                "SWITCHBOARD_TODOS_SQS_KEY, one fixed value that the server and this command "
+                "share (the example project reads SECRET_KEY from the environment, and makes "
+                "one at each start under DEBUG=1 without it), then run this again."
+            )
+
     def _agent(self, name: str) -> Agent:
         try:
             return Agent.objects.get(name=name)
@@ -128,6 +170,40 @@ class Command(OperatorCommand):
                 f"{agent.name}\t{status}\t{agent.token_prefix}…\tlast seen {seen}\t"
                 f"{_grants(agent)}\t{_quotas(agent)}"
             )
+
+
+#: The longest wait, in seconds, for the new process that derives the server key again.
+PROBE_TIMEOUT = 60
+#: Run by a new process of the same settings: prints the digest of the server key it derives.
+_NEW_PROCESS_KEY_DIGEST = (
+    "import django; django.setup(); "
+    "from switchboard_todos.management.commands.todo_agent import key_digest; "
+    "from switchboard_todos.sqs.signing import server_key; "
+    "print(key_digest(server_key()))"
+)
+
+
+def key_digest(key: str) -> str:
+    """A digest of a server key: two processes compare their keys without printing either."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _key_digest_of_a_new_process() -> str | None:
+    """key_digest of the server key a new process of these settings, environment and import
+    path derives; None when it could not tell (it failed, or took PROBE_TIMEOUT)."""
+    path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", _NEW_PROCESS_KEY_DIGEST],
+            env={**os.environ, "PYTHONPATH": path},
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    printed = probe.stdout.splitlines()  # the last line: the settings may print lines of their own
+    return printed[-1] if probe.returncode == 0 and printed else None
 
 
 def _grants(agent: Agent) -> str:
@@ -163,6 +239,15 @@ SHOWN_WHEN_SET = {"max_bytes_per_minute"}
 
 
 def _quota_options(parser: ArgumentParser, kind: Callable[[str], int | None]) -> None:
+    presets = "; ".join(
+        f"{name}: " + ", ".join(f"{field} {value}" for field, value in quotas.items())
+        for name, quotas in accounts.QUOTA_PRESETS.items()
+    )
+    parser.add_argument(
+        "--preset",
+        choices=accounts.QUOTA_PRESETS,
+        help=f"Set the quotas of a kind of agent ({presets}); the quota options given win.",
+    )
     for flag, (field, setting, what) in QUOTAS.items():
         parser.add_argument(
             flag,
@@ -180,10 +265,12 @@ def _quota(text: str) -> int | None:
 
 
 def _set_quotas(agent: Agent, options: dict[str, Any]) -> None:
-    """Set the quotas given as options; None (`limits --max-held default`) is the setting."""
-    given = {
-        field: options[field] for field, _setting, _what in QUOTAS.values() if field in options
-    }
+    """Set the quotas of the preset, then those given as options; None (`limits --max-held
+    default`) is the setting."""
+    given: dict[str, int | None] = dict(accounts.QUOTA_PRESETS.get(options["preset"] or "", {}))
+    given.update(
+        (field, options[field]) for field, _setting, _what in QUOTAS.values() if field in options
+    )
     if given:
         Agent.objects.filter(pk=agent.pk).update(**given)
         agent.refresh_from_db()
