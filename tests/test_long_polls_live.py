@@ -45,20 +45,19 @@ HANDFUL = 1 + long_polls.CLAIM_THREADS + 4 + 4
 
 @pytest.fixture
 def start_server(subprocess_env: dict[str, str]) -> Iterator[Callable[..., str]]:
-    """Starts the example project's application (no connection pool, unless the settings given
-    ask for one) with settings from the environment; its base URL once it answers."""
+    """Starts the example project's application, or `app` (no connection pool, unless the
+    settings given ask for one) with settings from the environment; its base URL once it
+    answers."""
     with ExitStack() as servers:
         processes: list[subprocess.Popen[str]] = []
 
-        def start(**settings: str) -> str:
+        def start(app: str = "example_project.asgi:application", **settings: str) -> str:
             env = {
                 **subprocess_env,
                 "DATABASE_URL": f"{database_url()}?application_name={SERVER}",
                 **settings,
             }
-            base, process = servers.enter_context(
-                serve(env, app="example_project.asgi:application")
-            )
+            base, process = servers.enter_context(serve(env, app=app))
             processes.append(process)
             return base.removesuffix("/api")
 

@@ -24,14 +24,16 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 from django.core.management import call_command
 from django.db import connections
+from django.http import HttpRequest
 
 from switchboard_todos.agents import accounts
+from switchboard_todos.claims import long_polls
 from switchboard_todos.models import Agent, State, Todo
 from switchboard_todos.sqs import messages, views
 from switchboard_todos.sqs.signing import secret_for
 from tests.asgi import serve
 from tests.conftest import run_in_threads
-from tests.helpers import sqs_headers
+from tests.helpers import sqs_headers, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -548,15 +550,21 @@ def test_a_batch_that_cannot_be_answered_is_given_back(
     answer fails, never left claimed for the visibility timeout."""
     for _ in range(3):
         make_todo(queue="jobs", kind="k")
-    todos = Todo.objects.claim_batch("jobs", agent.name, 30, 10)
 
     def broken(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[str, Any]:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(views, "_message", broken)
-    with pytest.raises(RuntimeError):
-        async_to_sync(views._messages)(agent, todos, set(), set())
-    assert set(Todo.objects.values_list("state", "attempt")) == {(State.PENDING, 0)}
+    params = {"QueueUrl": "http://testserver/sqs/jobs", "MaxNumberOfMessages": 10}
+    try:
+        with pytest.raises(RuntimeError):
+            async_to_sync(views.receive_message)(agent, params, HttpRequest())
+        wait_until(  # on a claim thread, at once
+            lambda: set(Todo.objects.values_list("state", "attempt")) == {(State.PENDING, 0)},
+            "the batch to be given back",
+        )
+    finally:
+        long_polls.stop()
 
 
 def test_a_stale_handle_after_a_zero_visibility_timeout_is_refused(

@@ -27,6 +27,9 @@ request then gets its redirect to HTTPS, as through Django, and nothing is done)
 whose middleware must see every request serves Django's application alone, and the API works
 there too, at Django's cost (docs/agents.md).
 
+A claim that waits listens for its client's disconnect meanwhile: a client that goes away ends
+it, claiming nothing (agents/disconnects.py), as Django's handler cancels the view.
+
 Each of the `threads` keeps an unpooled database connection from one request to the next, as a
 worker does, and closes it after a database error (that request answers 503, the next one
 connects again); a connection of Django's pool goes back to the pool after each request.
@@ -51,7 +54,7 @@ from django.urls import get_resolver
 from django.urls.exceptions import Resolver404
 from pydantic import ValidationError
 
-from switchboard_todos.agents import request_cap, service
+from switchboard_todos.agents import disconnects, request_cap, service
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.agents.serialize import reads_database, todo_json, todos_json
 from switchboard_todos.api import problems
@@ -107,7 +110,7 @@ CLAIM = "claim"
 
 
 class Aborted(Exception):
-    """The client went away before its request's body arrived."""
+    """The client went away before its answer was ready: nobody to answer."""
 
 
 class Waiting(NamedTuple):
@@ -189,19 +192,30 @@ class AgentsAPIFirst:
             return problems.todo_error_response(error, authorization)
         body = await _read_body(receive)
         loop = asyncio.get_running_loop()
+        answer: bytes | Waiting | HttpResponse | None
         try:
             answer = await loop.run_in_executor(self._threads, _perform, verb, token, todo_id, body)
             if isinstance(answer, Waiting):  # suspended, not holding a thread
                 with request_cap.admitted(answer.agent):
-                    claimed = await _wait_and_claim(answer.agent, answer.arguments)
-                    if reads_database(claimed):  # parents' results, last errors: a query
-                        return await loop.run_in_executor(self._threads, _serialized, claimed)
-                return _body(claimed)
+                    gone = disconnects.disconnected(receive)
+                    answer = await disconnects.unless_gone(self._long_poll(answer), gone)
         except TodoError as error:
             return problems.todo_error_response(error, authorization)
         except Exception as error:
             return problems.server_error_response(f"POST {scope['path']}", error)
+        if answer is None:
+            raise Aborted  # the client went away: its long poll claimed nothing
         return answer
+
+    async def _long_poll(self, waiting: Waiting) -> bytes:
+        """A claim that waits, and its answer."""
+        claimed = await _wait_and_claim(waiting.agent, waiting.arguments)
+        if not reads_database(claimed):
+            return _body(claimed)
+        # Parents' results, last errors: a query.
+        loop = asyncio.get_running_loop()
+        answer = loop.run_in_executor(self._threads, _serialized, claimed)
+        return await service.handing_over(waiting.agent, claimed, answer)
 
 
 def _perform(

@@ -1,11 +1,13 @@
 """The routes: each authenticates, calls one verb of agents/service/, answers JSON.
 
 `claim` and `get_todo` are async views: under ASGI a long poll (a claim's wait for a todo, a
-read's wait for one to end) waits on the LISTEN path without holding a thread. The other verbs
-are one statement each, plain views that Django runs on the request's thread under ASGI: an
-async view would cost them one more hop between threads. Under WSGI everything runs too, the
-async views in an event loop of their request's thread, which a long poll then occupies for
-its wait (docs/agents.md).
+read's wait for one to end) waits on the LISTEN path without holding a thread, and ends when
+its client goes away (Django cancels the view: a claim then claims nothing,
+agents/disconnects.py). The other verbs are one statement each, plain views that Django runs
+on the request's thread under ASGI: an async view would cost them one more hop between
+threads. Under WSGI everything runs too, the async views in an event loop of their request's
+thread, which a long poll then occupies for its wait, whether or not its client is still
+there (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -240,11 +242,11 @@ async def get_todo(
 @api.post("/claim/", response={200: Claimed, **PROBLEMS})
 async def claim(request: HttpRequest, body: ClaimIn | None = None) -> HttpResponse:
     """Claim up to `limit` todos; with `wait`, long-poll until one is claimable."""
-    body = body or ClaimIn()
+    body, agent = body or ClaimIn(), agent_of(request)
     todos = await service.aclaim(
-        agent_of(request), queues=body.queues, ttl=body.ttl, wait=body.wait, limit=body.limit
+        agent, queues=body.queues, ttl=body.ttl, wait=body.wait, limit=body.limit
     )
-    return json_response({"todos": await atodos_json(todos)})
+    return json_response({"todos": await service.handing_over(agent, todos, atodos_json(todos))})
 
 
 @api.post("/todos/{todo_id}/claim/", response=ONE)

@@ -28,6 +28,12 @@ pool after each claim), taking the owners in turn, so that no owner's claims que
 another owner's many. A blocking (sync) long poll claims on its own thread and keeps that
 thread's connection while it waits: reconnecting after every wait would cost more than holding
 the connection, and the thread, the caller's, holds it anyway between its own statements.
+
+An async long poll may be cancelled: its client went away (agents/disconnects.py). Cancelled
+while it waits, it leaves the waiters and claims nothing. Cancelled while a claim of its runs on
+a thread (the race), it cannot stop that claim: `cancellable_claim` lets the claim finish and
+gives back what it took, released at once with its attempts not counted, rather than leave it
+claimed for nobody until its lease expires.
 """
 
 from __future__ import annotations
@@ -36,16 +42,19 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
+import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from django.db import connections
 
 from switchboard_todos.claims import listen
+
+logger = logging.getLogger("switchboard_todos.long_polls")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -319,11 +328,19 @@ class ClaimThreads:
         self, owner: str, function: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
         """`function(*args, **kwargs)` on one of the threads, in `owner`'s turn."""
+        return await asyncio.wrap_future(
+            self._queue(owner, functools.partial(function, *args, **kwargs))
+        )
+
+    def detach(self, owner: str, function: Callable[..., object], /, *args: Any) -> None:
+        """`function(*args)` on one of the threads, in `owner`'s turn, awaited by nobody: for
+        work that must happen though its caller is gone. An error is logged."""
+        self._queue(owner, functools.partial(function, *args)).add_done_callback(_log_failure)
+
+    def _queue(self, owner: str, call: Callable[[], R]) -> concurrent.futures.Future[R]:
         future: concurrent.futures.Future[R] = concurrent.futures.Future()
         with self._condition:
-            self._queued.setdefault(owner, deque()).append(
-                (future, functools.partial(function, *args, **kwargs))
-            )
+            self._queued.setdefault(owner, deque()).append((future, call))
             self._waiting_jobs += 1
             if self._idle:
                 self._condition.notify()
@@ -333,7 +350,7 @@ class ClaimThreads:
                 )
                 self._threads.append(thread)
                 thread.start()
-        return await asyncio.wrap_future(future)
+        return future
 
     def stop(self, timeout: float = 5.0) -> None:
         """End every thread once its claim is done, closing its connections."""
@@ -385,6 +402,28 @@ class ClaimThreads:
                 self._queued[owner] = jobs  # behind the other owners now
             self._waiting_jobs -= 1
             return job
+
+
+async def cancellable_claim(owner: str, claim: Awaitable[R], give_back: Callable[[R], object]) -> R:
+    """What `claim` (the claim of an async long poll, or of any async caller) claimed for
+    `owner`. Cancelled while the claim runs on its thread, the caller is cancelled at once, the
+    claim left to finish, and `give_back` called with what it took, on a claim thread."""
+    running = asyncio.ensure_future(claim)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        running.add_done_callback(functools.partial(_give_back, owner, give_back))
+        raise
+
+
+def _give_back(owner: str, give_back: Callable[[R], object], claim: asyncio.Future[R]) -> None:
+    if not claim.cancelled() and claim.exception() is None:
+        _claim_threads.detach(owner, give_back, claim.result())
+
+
+def _log_failure(job: concurrent.futures.Future[object]) -> None:
+    if not job.cancelled() and (error := job.exception()) is not None:
+        logger.error("A detached job of the claim threads failed", exc_info=error)
 
 
 def finish_with_connections() -> None:

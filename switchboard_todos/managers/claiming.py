@@ -3,6 +3,7 @@ an ORM queryset, and `claim` of one todo by id."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -258,6 +259,17 @@ class Claiming(Machinery):
             claimed = None  # a concurrent claim took its concurrency key: say so below
         return claimed or self._classify_miss("claim", todo_id, owner)
 
+    def _give_back(self, todos: Iterable[Todo], owner: str) -> None:
+        """Give back `todos`, claimed for `owner` by a claim whose caller could not take them
+        (its client went away, or its answer failed): each released in the database it came
+        from (sql/holding.sql), pending again at once, the attempt not counted. One `owner` no
+        longer holds (an operator cancelled it meanwhile) is left alone."""
+        for todo in todos:
+            params = validation.arguments(todo_id=todo.id, owner=owner, delay=None)
+            self.db_manager(todo._state.db)._transition(
+                "release", {**params, "notify": conf.LISTEN}
+            )
+
     aclaim = async_twin(claim)
     aclaim_filtered = async_twin(claim_filtered)
 
@@ -291,16 +303,24 @@ class _Blocking:
 class _Suspending(_Blocking):
     """How `aclaim_batch` claims and waits: a claim without a wait in the caller's thread, as
     every async twin; the claims of a long poll on the process's claim threads, suspended
-    while it waits, so that it holds neither a thread nor a connection meanwhile."""
+    while it waits, so that it holds neither a thread nor a connection meanwhile. Cancelled
+    (its client went away), it claims nothing more, and gives back what a claim running then
+    took (long_polls.cancellable_claim)."""
 
     async def claim(self, params: Mapping[str, Any]) -> list[Todo]:
-        return await sync_to_async(self.manager._claim, thread_sensitive=True)(params)
+        owner = params["owner"]
+        claim = sync_to_async(self.manager._claim, thread_sensitive=True)(params)
+        give_back = functools.partial(self.manager._give_back, owner=owner)
+        return await long_polls.cancellable_claim(owner, claim, give_back)
 
     async def claim_through_faults(
         self, params: Mapping[str, Any]
     ) -> tuple[list[Todo], DatabaseError | None, float]:
-        claims = long_polls.claim_threads()
-        return await claims.run(params["owner"], self.manager._claim_through_faults, params)
+        owner = params["owner"]
+        claim = long_polls.claim_threads().run(owner, self.manager._claim_through_faults, params)
+        return await long_polls.cancellable_claim(
+            owner, claim, lambda found: self.manager._give_back(found[0], owner)
+        )
 
     async def join(self, poll: long_polls.LongPoll) -> None:
         await poll.ajoin()

@@ -43,7 +43,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from switchboard_todos import faults
-from switchboard_todos.agents import errors, service
+from switchboard_todos.agents import disconnects, errors, service
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import NotAuthenticated, Throttled
@@ -179,9 +179,11 @@ class AgentSessions(StreamableHTTPSessionManager):
         self.idle_timeout = idle_timeout
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one request of the endpoint; past the agent's cap, 429 and Retry-After."""
+        """Serve one request of the endpoint; past the agent's cap, 429 and Retry-After. The
+        tool call it carries sees its client's disconnect (agents/disconnects.py)."""
         try:
-            await self.handle_request(scope, receive, send)
+            with disconnects.watching(receive) as watched:
+                await self.handle_request(scope, watched, send)
         except Throttled as error:
             message = problem_text(errors.THROTTLED, str(error), error.retry_after)
             headers = {"Retry-After": str(error.retry_after)}

@@ -3,7 +3,8 @@
 The tools never check a permission or a value themselves: the service does, for HTTP and MCP
 alike, and its typed exceptions come back as MCP tool errors (`isError`), so the session goes
 on: the problem of the one error table as text, for the model. Each docstring below is what the
-language model reads as the tool's description.
+language model reads as the tool's description. A claim whose client went away (over HTTP,
+mcp/http.py) ends, claiming nothing (agents/disconnects.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from switchboard_todos import __version__, faults
-from switchboard_todos.agents import errors, request_cap, service
+from switchboard_todos.agents import disconnects, errors, request_cap, service
 from switchboard_todos.agents.serialize import TodoJSON, atodos_json
 from switchboard_todos.exceptions import Throttled, TodoError
 from switchboard_todos.models import Agent, Todo
@@ -251,11 +252,15 @@ class Tools:
         Errors: not found (no such todo in your queues) or conflict (another agent holds it,
         it is not pending yet): pick other work."""
 
-        async def call(agent: Agent) -> dict[str, Any]:
+        async def claimed(agent: Agent) -> list[TodoJSON]:
             todos = await service.aclaim(
                 agent, queues=queues, todo_id=todo_id, ttl=ttl, wait=wait, limit=limit
             )
-            return {"todos": await atodos_json(todos)}
+            return await service.handing_over(agent, todos, atodos_json(todos))
+
+        async def call(agent: Agent) -> dict[str, Any]:
+            shaped = await disconnects.unless_client_gone(claimed(agent))
+            return {"todos": [] if shaped is None else shaped}  # None: nobody to read it
 
         return await self._run(call)
 

@@ -18,8 +18,9 @@ for gets its redirect and does nothing), a body past MAX_BODY is refused before 
 read, signed or not, and the request is made and the response sent by Django's own ASGI code.
 Each request runs its database work on one of `threads` threads, each keeping its connection
 from one request to the next as a worker does (a pooled one goes back to the pool after each
-request, one a database error left unusable is closed). Queue URLs are built on the path
-posted to (queue_urls.py).
+request, one a database error left unusable is closed). A ReceiveMessage is answered while
+its client is connected: one that goes away ends it, its long poll claiming nothing
+(agents/disconnects.py). Queue URLs are built on the path posted to (queue_urls.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, get_resolver
 
+from switchboard_todos.agents import disconnects
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.claims.long_polls import finish_with_connections
 
@@ -51,6 +53,8 @@ NAMESPACE = "switchboard_todos_sqs"
 #: The header every SQS request of the JSON protocol carries, and its value's prefix.
 TARGET = b"x-amz-target"
 PREFIX = b"AmazonSQS."
+#: The header's value of the action that long-polls.
+RECEIVE = PREFIX + b"ReceiveMessage"
 
 
 class _Requests(ASGIHandler):
@@ -114,7 +118,14 @@ class SQSAnywhere:
             assert refused is not None
             await _DJANGO.send_response(refused, send)
             return
-        response = await self.answer(request)
+        if _is_receive(scope):  # maybe a long poll: it ends when its client goes
+            gone = disconnects.disconnected(receive)
+            answered = await disconnects.unless_gone(self.answer(request), gone)
+            if answered is None:
+                return  # nobody to answer
+            response = answered
+        else:
+            response = await self.answer(request)
         if https is not None:
             response = https.middleware.process_response(request, response)
         await _DJANGO.send_response(response, send)
@@ -170,6 +181,10 @@ async def _read_at_most(scope: Scope, receive: Any, limit: int) -> bytes | None:
 
 def _is_sqs(scope: Scope) -> bool:
     return any(key == TARGET and value.startswith(PREFIX) for key, value in scope["headers"])
+
+
+def _is_receive(scope: Scope) -> bool:
+    return any(key == TARGET and value == RECEIVE for key, value in scope["headers"])
 
 
 def _resolve(path_info: str) -> Any:

@@ -6,11 +6,13 @@ and the queue's name (queue_urls.py). Each action authenticates the agent, is co
 its requests in flight (agents/request_cap.py), calls agents/service/ (which checks the
 grants), and answers SQS's JSON; errors come from the one error table (agents/errors.py) in
 SQS's shape, with the `x-amzn-query-error` header botocore reads the legacy error codes from.
-The long poll of ReceiveMessage waits on the LISTEN path without holding a thread under ASGI.
+The long poll of ReceiveMessage waits on the LISTEN path without holding a thread under ASGI,
+and ends, claiming nothing, when its client goes away.
 
 Every parameter is checked before the first statement runs, so a refused request writes and
 claims nothing; the answer of a send is computed before its todo is written, and a received
-batch that cannot be answered is given back (its attempts refunded), never left claimed.
+batch that cannot be answered, or whose client went away (agents/disconnects.py), is given back
+(its attempts refunded), never left claimed.
 """
 
 from __future__ import annotations
@@ -317,7 +319,9 @@ async def receive_message(
         wait=wait,
         limit=limit,
     )
-    return await _messages(agent, todos, wanted, attribute_names)
+    return await service.handing_over(
+        agent, todos, _messages(agent, todos, wanted, attribute_names)
+    )
 
 
 def _names(params: dict[str, Any], name: str) -> set[str]:
@@ -332,24 +336,13 @@ async def _messages(
     agent: Agent, todos: list[Todo], wanted: set[str], attribute_names: set[str]
 ) -> dict[str, Any]:
     """The claimed todos as messages. Rendering cannot fail on what a todo holds; if it fails
-    all the same, the batch is released (attempts refunded) rather than left claimed."""
-    try:
-        unknown = [todo for todo in todos if known_history(todo) is None]
-        if unknown and wanted & {"All", "ApproximateFirstReceiveTimestamp"}:
-            # Their failure histories, in one query (_first_claim reads them).
-            await sync_to_async(prefetch_related_objects)(unknown, "error_entries")
-        return {"Messages": [_message(todo, wanted, attribute_names) for todo in todos]}
-    except Exception:
-        await sync_to_async(_release_all)(agent, todos)
-        raise
-
-
-def _release_all(agent: Agent, todos: list[Todo]) -> None:
-    for todo in todos:
-        try:
-            service.release(agent, todo.id)
-        except TodoError:  # the lease was lost meanwhile: nothing left to give back
-            continue
+    all the same, the batch is given back by `service.handing_over` (attempts refunded) rather
+    than left claimed."""
+    unknown = [todo for todo in todos if known_history(todo) is None]
+    if unknown and wanted & {"All", "ApproximateFirstReceiveTimestamp"}:
+        # Their failure histories, in one query (_first_claim reads them).
+        await sync_to_async(prefetch_related_objects)(unknown, "error_entries")
+    return {"Messages": [_message(todo, wanted, attribute_names) for todo in todos]}
 
 
 def _number(params: dict[str, Any], name: str, default: int, low: int, high: int) -> int:

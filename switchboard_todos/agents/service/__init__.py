@@ -16,13 +16,20 @@ One module per family of verbs: `identity` (authenticate), `reading` (list and g
 beside them `visibility` (what an agent may see, and in which databases), `quotas` (held todos,
 creations and bytes of JSON a minute, attempts) and `twins`. Every verb has an `a`-prefixed
 async twin; `aclaim` and `aget_todo` wait on the LISTEN path holding neither a thread nor a
-connection, each a long poll counted against the agent's cap (long_poll_cap.py).
+connection, each a long poll counted against the agent's cap (long_poll_cap.py). A surface
+makes its answer to `aclaim` within `handing_over`, which gives the todos back if that answer
+cannot reach the client.
 """
 
 from __future__ import annotations
 
 from switchboard_todos.agents.long_poll_cap import MAX_WAIT
-from switchboard_todos.agents.service.claiming import MAX_CLAIM_LIMIT, aclaim, claim
+from switchboard_todos.agents.service.claiming import (
+    MAX_CLAIM_LIMIT,
+    aclaim,
+    claim,
+    handing_over,
+)
 from switchboard_todos.agents.service.creating import (
     MAX_PLAN,
     acreate_for,
@@ -80,6 +87,7 @@ __all__ = [
     "create_many_for",
     "fail",
     "get_todo",
+    "handing_over",
     "heartbeat",
     "list_todos",
     "release",

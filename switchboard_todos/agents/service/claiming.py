@@ -9,9 +9,11 @@ SWITCHBOARD_TODOS_AGENT_MAX_WAITS long polls waiting (long_poll_cap.py).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 from asgiref.sync import sync_to_async
 
@@ -23,6 +25,8 @@ from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.managers import TodoManager, run_now
 from switchboard_todos.models import Agent, State, Todo
 from switchboard_todos.validation import Seconds
+
+T = TypeVar("T")
 
 #: Longest wait in one database of a claim from queues of several (see `_claim_across`).
 ACROSS_WAIT = 1.0
@@ -72,19 +76,27 @@ async def aclaim(
     limit: int = 1,
 ) -> list[Todo]:
     """Async twin of `claim`: waits on the LISTEN path, suspended, holding neither a thread nor
-    a connection (the request's own is given back before the wait)."""
+    a connection (the request's own is given back before the wait).
+
+    Cancelled (the client went away: agents/disconnects.py), a claim from queues claims
+    nothing more, and what a claim running then took is given back as soon as that claim
+    returns (`Todo.objects._give_back`).
+    """
     if todo_id is not None:
         one = await sync_to_async(_claim_one)(agent, queues, todo_id, ttl, wait, limit)
         return [one]
     names, seconds, count = _claim_arguments(agent, queues, wait, limit)
     placed = placement.by_database(names)
     quota = quotas.max_held(agent)
+    give_back = _give_back(agent)
     async with long_poll_cap.awaiting(agent, seconds):
         if not seconds:
-            return await sync_to_async(_claim_now)(agent, placed, ttl, count, quota)
+            claim = sync_to_async(_claim_now)(agent, placed, ttl, count, quota)
+            return await long_polls.cancellable_claim(agent.name, claim, give_back)
         # A long poll claims on the claim threads from the first claim on (long_polls.py).
         claims = long_polls.claim_threads()
-        claimed = await claims.run(agent.name, _claim_now, agent, placed, ttl, count, quota)
+        claim = claims.run(agent.name, _claim_now, agent, placed, ttl, count, quota)
+        claimed = await long_polls.cancellable_claim(agent.name, claim, give_back)
         if claimed:
             return claimed
         if len(placed) == 1:
@@ -92,6 +104,23 @@ async def aclaim(
                 names, agent.name, ttl, count, wait=seconds, max_held=quota
             )
         return await _claim_across(agent, placed, ttl, seconds, count, quota, blocking=False)
+
+
+async def handing_over(agent: Agent, todos: list[Todo], answer: Awaitable[T]) -> T:
+    """`answer`, a surface's answer made of `todos` just claimed for `agent`. If making it
+    fails, or is cancelled (the client went away), the todos are given back: released at once
+    on a claim thread, their attempts not counted, rather than left claimed for nobody."""
+    try:
+        return await answer
+    except BaseException:
+        if todos:
+            long_polls.claim_threads().detach(agent.name, _give_back(agent), todos)
+        raise
+
+
+def _give_back(agent: Agent) -> Callable[[list[Todo]], None]:
+    """Gives back todos claimed for `agent` that it never received (`Todo.objects._give_back`)."""
+    return functools.partial(Todo.objects._give_back, owner=agent.name)
 
 
 def _claim_now(
@@ -133,7 +162,8 @@ async def _claim_across(
             claimed = _claim_each(agent, placed, ttl, count, quota)
         else:
             claims = long_polls.claim_threads()
-            claimed = await claims.run(agent.name, _claim_each, agent, placed, ttl, count, quota)
+            claim = claims.run(agent.name, _claim_each, agent, placed, ttl, count, quota)
+            claimed = await long_polls.cancellable_claim(agent.name, claim, _give_back(agent))
         remaining = deadline - time.monotonic()
         if claimed or remaining <= 0:
             return claimed
