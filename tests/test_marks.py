@@ -131,3 +131,19 @@ def test_a_released_todo_is_claimable_at_once_whatever_the_mark(
     Todo.objects.release(held.id, "w1")
     again = Todo.objects.claim_next("default", "w1", 30)
     assert again is not None and again.id == held.id
+
+
+def test_a_todo_created_after_a_keyed_backlog_ran_ahead_is_claimed_at_once(clock: Clock) -> None:
+    """Reproduction: 10,000 todos of one fair key take turns up to 10 s ahead of the clock, and
+    the marks of the claims that drain them follow. A todo created next takes its creation time
+    as its turn, behind those marks, and waited for the next full scan (up to 10 s: the quiet
+    keys' dwell of the fair_queue scenario, 3.3 s at p50, came from it). The claim that came
+    back short brings the marks down to the claims' time."""
+    Todo.objects.enqueue_many({"kind": "k", "fair_key": "burst"} for _ in range(10_000))
+    drained = 0
+    while batch := Todo.objects.claim_batch("default", "w1", 30, 1000):
+        drained += len(batch)
+    assert drained == 10_000
+    late, _ = Todo.objects.create_todo(kind="k")
+    found = Todo.objects.claim_next("default", "w1", 30)
+    assert found is not None and found.id == late.id

@@ -98,6 +98,8 @@ class Marks:
         self._marks: dict[tuple[str, str], dict[int, datetime]] = {}
         self._full_scans: dict[str, float] = {}
         self._limited: set[tuple[str, tuple[str, ...]]] = set()
+        #: The database's time at the last claim of each database that took something.
+        self._claimed_at: dict[str, datetime] = {}
 
     def for_claim(self, alias: str, queues: Sequence[str]) -> ClaimMarks:
         """The marks of the next claim from `queues` (see ClaimMarks)."""
@@ -123,9 +125,26 @@ class Marks:
                     found.group_marks.append(groups[priority])
         return found._replace(full_scan=full)
 
-    def claimed(self, alias: str, todos: Iterable[tuple[str, int, datetime | None]]) -> None:
+    def claimed(
+        self,
+        alias: str,
+        todos: Iterable[tuple[str, int, datetime | None]],
+        *,
+        at: datetime | None = None,
+        short_of: Sequence[str] = (),
+    ) -> None:
         """Move the mark of each (queue, priority) claimed from to the first turn just claimed
-        there, less MARK_SLACK."""
+        there, less MARK_SLACK. A claim made `at` (the database's time) that came back short of
+        its limit has taken what its scans found: the marks of its queues, `short_of`, come
+        down to the last claim's time, less MARK_SLACK, wherever they are above it.
+
+        A fair key's turns run ahead of the clock (1 ms a todo: a backlog of 50,000 of one key
+        reaches 50 s ahead), and so do the marks of a process that claims them. A todo created
+        once that backlog is gone takes its creation time as its turn (fair_turn, shared.sql),
+        behind those marks: without this, it waited for the next full scan, up to
+        FULL_SCAN_EVERY. Every todo created after a claim comes back short has a turn from
+        that claim's time on.
+        """
         oldest: dict[tuple[str, int], datetime] = {}
         for queue, priority, turn in todos:
             key = (queue, priority)
@@ -134,6 +153,16 @@ class Marks:
         with self._lock:
             for (queue, priority), turn in oldest.items():
                 self._marks.setdefault((alias, queue), {})[priority] = turn - MARK_SLACK
+            if at is not None:
+                self._claimed_at[alias] = max(at, self._claimed_at.get(alias, at))
+            latest = self._claimed_at.get(alias)
+            if latest is None:
+                return  # no claim has taken anything: no mark is set
+            ceiling = latest - MARK_SLACK
+            for queue in short_of:
+                groups = self._marks.get((alias, queue), {})
+                for priority, mark in groups.items():
+                    groups[priority] = min(mark, ceiling)
 
     def lean(self, alias: str, queues: Sequence[str]) -> bool:
         """Whether a claim from `queues` may try the lean statement: the last claim from them
@@ -154,6 +183,7 @@ class Marks:
             self._marks.clear()
             self._full_scans.clear()
             self._limited.clear()
+            self._claimed_at.clear()
 
 
 #: This process's marks.

@@ -213,7 +213,12 @@ class Claiming(Machinery):
                 continue
             # The turns of ready todos only: a due retry or an expired lease says nothing of
             # where the ready ones begin.
-            marks.claimed(alias, ((todo.queue, todo.priority, turn) for todo, turn in rows if turn))
+            marks.claimed(
+                alias,
+                ((todo.queue, todo.priority, turn) for todo, turn in rows if turn),
+                at=max((todo.claimed_at for todo, _ in rows if todo.claimed_at), default=None),
+                short_of=queues if len(rows) < params["limit"] else (),
+            )
             return [todo for todo, _ in rows]
         return []
 
