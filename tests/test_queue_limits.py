@@ -207,6 +207,16 @@ class ClaimedCount(threading.Thread):
                 self.reads += 1
 
 
+def client_backends() -> int:
+    """The client connections to this database, this test's included."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND backend_type = 'client backend'"
+        )
+        return int(cursor.fetchone()[0])
+
+
 @pytest.mark.django_db(transaction=True)
 def test_eight_processes_never_hold_more_than_the_concurrency_limit(spawn: Spawn) -> None:
     """8 claiming processes, a queue limited to 3 claimed: never 4 at once, and all done.
@@ -216,14 +226,19 @@ def test_eight_processes_never_hold_more_than_the_concurrency_limit(spawn: Spawn
     completion times cannot show it: a claim's now() is when its statement began, before it
     found the slot that a completion committing meanwhile freed.)
     """
-    Queue.objects.create(name="narrow", concurrency_limit=3)
+    Queue.objects.create(name="narrow", concurrency_limit=3, paused=True)
     Todo.objects.enqueue_many([{"queue": "narrow", "kind": "k"} for _ in range(60)])
     watch = ClaimedCount("narrow")
     watch.start()
+    before = client_backends()
     claimers = [
         spawn("tests.claimer", "narrow", f"c{n}", "--hold", "0.02", "--limit", "2")
         for n in range(8)
     ]
+    # All 8 claiming (and finding the queue paused) before any claims: on a loaded machine,
+    # the first started could drain the 60 todos before the last had started.
+    wait_until(lambda: client_backends() >= before + 8, "the 8 claimers to connect")
+    Queue.objects.filter(name="narrow").update(paused=False)
     for claimer in claimers:
         _, errors = claimer.communicate(timeout=120)
         assert claimer.returncode == 0, errors
