@@ -119,6 +119,8 @@ class TodoBackend(BaseTaskBackend):
         todo, _ = Todo.objects.create_todo(
             queue=task.queue_name,
             kind=task.module_path,
+            # Its function's name: the admin's title (its path is the kind).
+            title=task.name,
             source=TASKS_SOURCE,
             payload=payload,
             max_attempts=self.options.get("max_attempts", OPTIONS["max_attempts"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos.admin import AdminTodoQuerySet, EstimatedCountPaginator, TodoAdmin
 from switchboard_todos.admin.filters import active_filters
-from switchboard_todos.models import Event, State, Todo
+from switchboard_todos.models import BLOCKED_UNTIL, Event, State, Todo
 from tests.helpers import MakeTodo
 
 CHANGELIST = "/admin/switchboard_todos/todo/"
@@ -64,7 +65,9 @@ def test_the_list_shows_the_columns_an_operator_needs(
 ) -> None:
     """Ids, queue, kind, title, state, owner, attempts and the lease or retry time are listed."""
     claimed = make_todo(state=State.CLAIMED, owner="worker-7", title="Send the welcome mail")
-    waiting = make_todo(next_retry_in=timedelta(minutes=5), attempt=2)
+    waiting = make_todo(
+        next_retry_in=timedelta(minutes=5), attempt=2, errors=[{"attempt": 2, "error": {}}]
+    )
     page = admin_client.get(CHANGELIST).content.decode()
     for text in [
         claimed.id,
@@ -78,6 +81,45 @@ def test_the_list_shows_the_columns_an_operator_needs(
         "Queue health",
     ]:
         assert text in page
+
+
+def row_of(page: str, todo: Todo) -> str:
+    """The list's row of `todo`."""
+    found = re.search(rf"<tr>(?:(?!</tr>).)*{re.escape(todo.id)}.*?</tr>", page, re.S)
+    assert found is not None, todo.id
+    return found[0]
+
+
+def test_a_pending_todo_says_what_holds_it_back(admin_client: Client, make_todo: MakeTodo) -> None:
+    """ "retry at" only after a failed attempt; a todo given a time is scheduled, one whose time
+    came (a parent just done, a backoff over) available, one waiting for others blocked."""
+    failed = make_todo(next_retry_in=timedelta(minutes=5), attempt=1, errors=[{"attempt": 1}])
+    scheduled = make_todo(next_retry_in=timedelta(hours=1))
+    due = make_todo(next_retry_in=timedelta(seconds=-1))
+    blocked = make_todo(next_retry_at=BLOCKED_UNTIL, waiting_for=2)
+    ready = make_todo()
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert "retry at" in row_of(page, failed)
+    assert "scheduled for" in row_of(page, scheduled)
+    assert "available since" in row_of(page, due)
+    assert "blocked: waits for 2 todos" in row_of(page, blocked)
+    assert "9999" not in page
+    for todo in (scheduled, due, blocked, ready):
+        assert "retry" not in row_of(page, todo)
+    detail = admin_client.get(change_url(blocked)).content.decode()
+    assert "next retry" not in detail.lower()
+    assert re.search(r"Claimable:</label>\s*<div class=\"readonly\">blocked: waits for 2", detail)
+    detail = admin_client.get(change_url(scheduled)).content.decode()
+    assert re.search(r"Claimable:</label>\s*<div class=\"readonly\">scheduled for ", detail)
+
+
+def test_a_todo_without_a_title_is_listed_by_its_kind(
+    admin_client: Client, make_todo: MakeTodo
+) -> None:
+    """Not "-": a todo made before django.tasks todos got their task's name shows its kind."""
+    untitled = make_todo(kind="billing.tasks.charge", title="")
+    row = row_of(admin_client.get(CHANGELIST).content.decode(), untitled)
+    assert "billing.tasks.charge" in row and ">-<" not in row
 
 
 def test_a_lapsed_lease_is_marked_expired(admin_client: Client, make_todo: MakeTodo) -> None:
@@ -448,6 +490,17 @@ def test_the_detail_page_offers_the_repair_its_state_allows(
     html = page.content.decode()
     assert f'value="{action}"' in html and not any(f'value="{o}"' in html for o in others)
     assert f'value="{action}"' not in operator("view_todo").get(change_url(todo)).content.decode()
+
+
+def test_a_dead_letters_page_points_at_its_requeue_button(
+    operator: Callable[..., Client], make_todo: MakeTodo
+) -> None:
+    """Not "from the list": the button is on the page, and the page says so."""
+    todo = make_todo(state=State.FAILED)
+    html = operator("view_todo", "requeue_todo").get(change_url(todo)).content.decode()
+    assert "from the list" not in html
+    assert "the button “Requeue this dead letter” at the top of this page" in html
+    assert 'value="Requeue this dead letter"' in html
 
 
 def test_the_requeue_button_requeues_and_shows_the_todo(

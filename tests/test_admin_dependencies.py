@@ -14,6 +14,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from switchboard_todos.admin.colours import COLOURS
 from switchboard_todos.admin.graph import PER_LEVEL
 from switchboard_todos.models import BLOCKED_UNTIL, State, Todo
 from tests.helpers import MakeTodo
@@ -168,3 +169,30 @@ def test_queue_health_counts_blocked_todos_apart(
     page = admin_client.get(HEALTH).content.decode()
     assert "default: 3 blocked" in page
     assert f'href="{CHANGELIST}?queue=default&amp;attention=blocked">3</a>' in page
+
+
+# One colour per state
+
+
+def legend_of(page: str) -> dict[str, str]:
+    """A legend's label: colour."""
+    swatch = r'<rect width="12" height="12" fill="([^"]+)"/></svg> ([^<]+)</span>'
+    swatches = re.findall(swatch, page)
+    return {label: colour for colour, label in swatches}
+
+
+def test_each_state_has_one_colour_on_every_page(
+    admin_client: Client, line: dict[str, Todo]
+) -> None:
+    """Claimed is amber on Queue health, in the graph and in the list; green is done alone."""
+    health = legend_of(admin_client.get(HEALTH).content.decode())
+    graph = legend_of(admin_client.get(change_url(line["report"].id)).content.decode())
+    listed = admin_client.get(CHANGELIST).content.decode()
+    assert health["claimed"] == graph["claimed"] == COLOURS["claimed"]
+    assert health["blocked"] == graph["blocked: waiting for other todos"] == COLOURS["blocked"]
+    assert health["dead letters"] == graph["failed (dead letter)"] == COLOURS["failed"]
+    assert health["ready"] == graph["pending"] == COLOURS["ready"]
+    assert graph["done"] == COLOURS["done"] not in health.values()
+    assert len(set(COLOURS.values())) == len(COLOURS)
+    check = re.search(rf"<tr>(?:(?!</tr>).)*{line['check'].id}.*?</tr>", listed, re.S)
+    assert check is not None and f'fill="{COLOURS["claimed"]}"' in check[0]

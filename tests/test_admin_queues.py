@@ -13,7 +13,7 @@ from django.test import Client
 
 from switchboard_todos import queue_settings
 from switchboard_todos.admin.queues import SETTINGS_FIELDS
-from switchboard_todos.models import Queue, State
+from switchboard_todos.models import BLOCKED_UNTIL, Queue, State
 from switchboard_todos.queue_settings import Rate
 from tests.helpers import MakeTodo
 from tests.test_admin import messages_of
@@ -106,6 +106,24 @@ def test_the_list_counts_the_fair_keys_waiting(admin_client: Client, make_todo: 
     assert '<a href="/admin/switchboard_todos/todo/health/#tenants">3</a>' in (
         response.content.decode()
     )
+
+
+def test_the_depth_says_how_many_of_it_are_blocked(
+    admin_client: Client, make_todo: MakeTodo
+) -> None:
+    """The depth counts every pending todo, the blocked too; the cell says how many are, and
+    links to them; a queue without blocked todos says nothing of them."""
+    make_todo(queue="reports")
+    for _ in range(2):
+        make_todo(queue="reports", next_retry_at=BLOCKED_UNTIL, waiting_for=1)
+    make_todo(queue="mail")
+    page = admin_client.get(QUEUES).content.decode()
+    assert "depth (pending)" in page
+    assert (
+        '<a href="/admin/switchboard_todos/todo/?queue=reports&amp;attention=blocked" '
+        'class="quiet">incl. 2 blocked</a>'
+    ) in page
+    assert page.count("blocked</a>") == 1
 
 
 def test_the_list_is_for_who_may_see_todos_or_queues(

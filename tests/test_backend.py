@@ -72,7 +72,8 @@ def signals() -> Iterator[list[tuple[str, Any, Any]]]:
 
 @pytest.mark.django_db
 def test_enqueue_stores_a_pending_todo(signals: list[tuple[str, Any, Any]]) -> None:
-    """One create_todo: kind is the module path, args and kwargs are JSON, status READY."""
+    """One create_todo: kind is the module path, title the task's name (the admin's list shows
+    it), args and kwargs are JSON, status READY."""
     with CaptureQueriesContext(connection) as queries:
         result = tasks.add.using(queue_name="other").enqueue(2, b=(3,))  # type: ignore[arg-type]
     assert len(queries) == 1
@@ -82,6 +83,7 @@ def test_enqueue_stores_a_pending_todo(signals: list[tuple[str, Any, Any]]) -> N
     assert result.backend == "default" and result.task is not None
     todo = Todo.objects.get(pk=result.id)
     assert (todo.kind, todo.queue, todo.source) == ("tests.tasks.add", "other", TASKS_SOURCE)
+    assert todo.title == "add"
     assert todo.payload == {"args": [2], "kwargs": {"b": [3]}, "backend": "default"}
     assert todo.max_attempts == 5
     assert result.enqueued_at == todo.created_at

@@ -6,18 +6,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from switchboard_todos import stats
+from switchboard_todos.admin.colours import COLOURS
 
 
 class HealthChart:
     """Geometry of the health page's bar chart: one stacked bar per queue, as inline SVG."""
 
+    #: Each count of stats.QueueHealth drawn, its label, and its state's colour (colours.py).
     SEGMENTS: Sequence[tuple[str, str, str]] = (
-        ("ready", "ready", "#417690"),
-        ("scheduled", "waiting for retry", "#79aec8"),
-        ("blocked", "blocked", "#8a8a8a"),
-        ("claimed", "claimed", "#5b9e3f"),
-        ("lease_expired", "lease expired", "#e0a800"),
-        ("dead", "dead letters", "#ba2121"),
+        ("ready", "ready", COLOURS["ready"]),
+        ("scheduled", "scheduled or retrying", COLOURS["waiting"]),
+        ("blocked", "blocked", COLOURS["blocked"]),
+        ("claimed", "claimed", COLOURS["claimed"]),
+        ("lease_expired", "lease expired", COLOURS["lease_expired"]),
+        ("dead", "dead letters", COLOURS["failed"]),
     )
     WIDTH = 600
     LABEL_WIDTH = 160

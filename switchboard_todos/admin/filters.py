@@ -29,7 +29,7 @@ class AttentionFilter(admin.SimpleListFilter):
             Q(state=State.CLAIMED, lease_expires_at__lte=Now()),
         ),
         "waiting": (
-            _("Waiting for retry"),
+            _("Scheduled or retrying: waiting for a time"),
             Q(state=State.PENDING, next_retry_at__gt=Now(), next_retry_at__lt=BLOCKED_UNTIL),
         ),
         # Blocked todos sit at the end of idx_todos_scheduled: no other pending todo is due so late.

@@ -25,6 +25,7 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
+from switchboard_todos.admin.colours import COLOURS
 from switchboard_todos.admin.databases import PARAMETER
 from switchboard_todos.admin.display import json_text
 from switchboard_todos.models import State, Todo, TodoEdge
@@ -35,13 +36,13 @@ LISTED = 100
 PER_LEVEL = 7
 #: Characters of a parent's result the parents' table shows.
 RESULT_CHARS = 60
-#: A node's fill by what it is now: the colours of the health page's chart where they agree.
-COLOURS = {
-    "pending": ("#417690", _("pending")),
-    "blocked": ("#8a8a8a", _("blocked: waiting for other todos")),
-    "claimed": ("#e0a800", _("claimed")),
-    "done": ("#5b9e3f", _("done")),
-    "failed": ("#ba2121", _("failed (dead letter)")),
+#: A node's fill and label by what it is now; the colours are every page's (colours.py).
+STATUSES = {
+    "pending": (COLOURS["ready"], _("pending")),
+    "blocked": (COLOURS["blocked"], _("blocked: waiting for other todos")),
+    "claimed": (COLOURS["claimed"], _("claimed")),
+    "done": (COLOURS["done"], _("done")),
+    "failed": (COLOURS["failed"], _("failed (dead letter)")),
 }
 _COLUMNS = ("id", "state", "kind", "title", "waiting_for", "parents", "created_at")
 
@@ -66,7 +67,7 @@ class Relative:
 
     @property
     def status_label(self) -> str:
-        return str(COLOURS[self.status][1])
+        return str(STATUSES[self.status][1])
 
     @property
     def label(self) -> str:
@@ -236,7 +237,7 @@ class DependencyGraph:
                         "y": y,
                         "text_x": x + 6,
                         "text_y": y + 17,
-                        "colour": COLOURS[relative.status][0],
+                        "colour": STATUSES[relative.status][0],
                         "label": Truncator(relative.label).chars(self.LABEL_CHARS),
                         "title": f"{relative.label} ({relative.id}): {relative.status_label}",
                         "url": relative.url(self.found.alias),
@@ -279,4 +280,4 @@ class DependencyGraph:
         return f"M{x1:g},{y1:g} C{middle:g},{y1:g} {middle:g},{y2:g} {x2:g},{y2:g}"
 
     def legend(self) -> list[dict[str, str]]:
-        return [{"label": str(label), "colour": colour} for colour, label in COLOURS.values()]
+        return [{"label": str(label), "colour": colour} for colour, label in STATUSES.values()]

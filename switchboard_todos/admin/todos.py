@@ -28,6 +28,7 @@ from django.utils.translation import ngettext
 from switchboard_todos.admin import databases
 from switchboard_todos.admin.actions import TodoActions
 from switchboard_todos.admin.base import JSON_COLUMNS, ReadOnly, RefusesNul
+from switchboard_todos.admin.colours import swatch
 from switchboard_todos.admin.databases import DatabaseFilter
 from switchboard_todos.admin.dates import AdminTodoQuerySet
 from switchboard_todos.admin.display import (
@@ -77,18 +78,10 @@ class TodoChangeList(ChangeList):
 class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
     """Todos, read-only; requeue, expire-lease, cancel and set-priority as gated actions."""
 
-    list_display = [
-        "short_id",
-        "queue",
-        "kind",
-        "short_title",
-        "state",
-        "owner",
-        "attempts",
-        "lease_or_retry",
-        "progress_note",
-        "created_at",
-    ]
+    # Four columns, each wrapping, so that the list fits a laptop's width with the sidebar and
+    # the filters open (1366 px, tests/test_admin_browser.py): what it is, where it stands, when,
+    # and what its holder last said.
+    list_display = ["todo", "state_column", "when", "progress_note"]
     list_filter = [
         DatabaseFilter,
         "state",
@@ -140,8 +133,10 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
                 "description": _(
                     "Pending until a worker claims it; a claim holds a lease until "
                     "“lease expires”, renewed by heartbeats. An expired lease is taken back by "
-                    "the reaper or the next claim. A failed attempt backs off until “next retry”; "
-                    "after the last attempt the todo is failed: a dead letter. Within a "
+                    "the reaper or the next claim. A failed attempt backs off: “claimable” says "
+                    "when it is retried (a todo created with run_after: when it is scheduled; "
+                    "one waiting for other todos: blocked); after the last attempt the todo is "
+                    "failed: a dead letter. Within a "
                     "priority, claims follow the turns, the fair keys (tenants) of a queue "
                     "taking turns."
                 ),
@@ -210,8 +205,9 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Todo]:
         expired = ExpressionWrapper(Q(lease_expires_at__lte=Now()), output_field=BooleanField())
+        waiting = ExpressionWrapper(Q(next_retry_at__gt=Now()), output_field=BooleanField())
         queryset = AdminTodoQuerySet(Todo, using=databases.chosen(request))
-        queryset = queryset.annotate(lease_expired=expired)
+        queryset = queryset.annotate(lease_expired=expired, waiting=waiting)
         return queryset.order_by(*self.get_ordering(request))
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -235,38 +231,53 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
 
     # List columns
 
-    @admin.display(description=_("id"), ordering="id")
-    def short_id(self, todo: Todo) -> SafeString:
-        """The id's first hex digits, enough to tell todos apart; the full id is the tooltip."""
-        return format_html('<span title="{}">{}…</span>', todo.id, todo.id[:11])
+    @admin.display(description=_("todo"))
+    def todo(self, todo: Todo) -> SafeString:
+        """Its title (else its kind), then its id's first hex digits (the full id the tooltip),
+        queue and kind, on a second line."""
+        shown = todo.title or todo.kind or todo.id
+        about = [todo.queue, *([todo.kind] if todo.kind and todo.kind != shown else [])]
+        return format_html(
+            '{}<br><span class="switchboard-about"><span title="{}">{}…</span> · {}</span>',
+            Truncator(shown).chars(80),
+            todo.id,
+            todo.id[:11],
+            " · ".join(about),
+        )
 
-    @admin.display(description=_("title"), ordering="title")
-    def short_title(self, todo: Todo) -> str:
-        return Truncator(todo.title).chars(80)
+    @admin.display(description=_("state"))
+    def state_column(self, todo: Todo) -> SafeString:
+        """Its state in its colour (colours.py), its attempt, and who holds it or last did."""
+        holder = format_html("<br>{}", todo.owner) if todo.owner else ""
+        return format_html(
+            '{} {}<br><span class="switchboard-about">{}</span>{}',
+            swatch(_status(todo)),
+            State(todo.state).label,
+            _("attempt %(attempts)s") % {"attempts": self.attempts(todo)},
+            holder,
+        )
 
     @admin.display(description=_("attempt"))
     def attempts(self, todo: Todo) -> str:
         return f"{todo.attempt} of {todo.max_attempts}"
 
-    @admin.display(description=_("lease expires / next retry"))
-    def lease_or_retry(self, todo: Todo) -> SafeString | str:
+    @admin.display(description=_("lease or next run / created"), ordering="created_at")
+    def when(self, todo: Todo) -> SafeString:
+        """When its lease ends or when it may run (`_claimable`), then when it was created."""
+        created = format_html(
+            '<span class="switchboard-about">{} {}</span>',
+            _("created"),
+            localize(timezone.localtime(todo.created_at)) if todo.created_at else "—",
+        )
         if todo.state == State.CLAIMED and todo.lease_expires_at is not None:
+            until = localize(timezone.localtime(todo.lease_expires_at))
             if getattr(todo, "lease_expired", False):
-                return format_html(
-                    "<strong>{}</strong> {}",
-                    _("expired"),
-                    localize(timezone.localtime(todo.lease_expires_at)),
-                )
-            return format_html(
-                "{} {}", _("lease until"), localize(timezone.localtime(todo.lease_expires_at))
-            )
-        if todo.blocked:
-            return _blocked(todo)
-        if todo.state == State.PENDING and todo.next_retry_at is not None:
-            return format_html(
-                "{} {}", _("retry at"), localize(timezone.localtime(todo.next_retry_at))
-            )
-        return "—"
+                lease = format_html("<strong>{}</strong> {}", _("expired"), until)
+            else:
+                lease = format_html("{} {}", _("lease until"), until)
+            return format_html("{}<br>{}", lease, created)
+        claimable = _claimable(todo)
+        return format_html("{}<br>{}", claimable, created) if claimable else created
 
     @admin.display(description=_("progress"))
     def progress_note(self, todo: Todo) -> str:
@@ -285,23 +296,22 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
             State.CLAIMED: _("a worker holds it under a lease"),
             State.DONE: _("completed; the result is below"),
             State.FAILED: _(
-                "dead letter: it failed its last attempt or was cancelled. An operator can "
-                "requeue it from the list (action “Requeue selected dead letters”)."
+                "dead letter: it failed its last attempt or was cancelled. An operator who may "
+                "requeue it does so with the button “Requeue this dead letter” at the top of "
+                "this page."
             ),
         }[State(todo.state)]
         if todo.blocked:
             meaning = _("blocked: claimable once the todos it waits for (below) are done")
         return f"{State(todo.state).label} — {meaning}"
 
-    @admin.display(description=_("next retry"))
+    @admin.display(description=_("claimable"))
     def next_retry(self, todo: Todo) -> str:
-        """When a pending todo is claimable again; a blocked one is claimable once its parents are
-        done, not at a time."""
-        if todo.blocked:
-            return _blocked(todo)
-        if todo.next_retry_at is None:
+        """When a pending todo may be claimed: now, at a time (scheduled, or a retry after a
+        failed attempt), or once its parents are done (blocked)."""
+        if todo.state != State.PENDING:
             return "—"
-        return str(localize(timezone.localtime(todo.next_retry_at)))
+        return _claimable(todo) or str(_("now"))
 
     @admin.display(description=_("turn"))
     def turn(self, todo: Todo) -> str:
@@ -376,6 +386,36 @@ def _dependencies(todo: Todo) -> Dependencies | None:
         todo.__dict__["_dependencies"] = dependencies(todo)
     found: Dependencies | None = todo.__dict__["_dependencies"]
     return found
+
+
+def _status(todo: Todo) -> str:
+    """What the todo is now, by the names of colours.COLOURS."""
+    if todo.state == State.CLAIMED:
+        return "lease_expired" if getattr(todo, "lease_expired", False) else "claimed"
+    if todo.state == State.PENDING:
+        if todo.blocked:
+            return "blocked"
+        return "waiting" if getattr(todo, "waiting", False) else "ready"
+    return str(todo.state)
+
+
+def _claimable(todo: Todo) -> str:
+    """When a pending todo becomes claimable, by what holds it back: its parents (blocked), a
+    failed attempt's backoff (retry), or a time it was given (scheduled: run_after, a delayed
+    release). A time passed (a parent just done, a backoff over) is "available since"; ""
+    for a todo ready since its creation, or not pending."""
+    if todo.state != State.PENDING:
+        return ""
+    if todo.blocked:
+        return _blocked(todo)
+    if todo.next_retry_at is None:
+        return ""
+    at = localize(timezone.localtime(todo.next_retry_at))
+    if not getattr(todo, "waiting", True):
+        return _("available since %(at)s") % {"at": at}
+    if todo.errors_bytes or todo.errors_dropped:
+        return _("retry at %(at)s") % {"at": at}
+    return _("scheduled for %(at)s") % {"at": at}
 
 
 def _blocked(todo: Todo) -> str:
