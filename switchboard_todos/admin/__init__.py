@@ -3,7 +3,8 @@
 One module per role: `todos` (the list and detail pages), `actions` (the repairs), `health` and
 `chart` (the queue health page), `queues` (each queue's numbers and settings, paused and
 resumed), `filters`, `pagination` and `dates` (what keeps the list fast at
-millions of rows), `display` (how stored JSON and histories are shown), `events`, `agents`
+millions of rows), `display` (how stored JSON and histories are shown), `colours` (one colour
+per state, for every page), `events`, `agents`
 (the remote agents and their tokens) and `schedules` (periodic todos and their pause switch).
 """
 
