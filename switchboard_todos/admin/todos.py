@@ -148,7 +148,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
                     "owner",
                     "attempts",
                     "lease_expires_at",
-                    "next_retry",
+                    "claimable",
                     "created_at",
                     "claimed_at",
                     "updated_at",
@@ -306,7 +306,7 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
         return f"{State(todo.state).label} — {meaning}"
 
     @admin.display(description=_("claimable"))
-    def next_retry(self, todo: Todo) -> str:
+    def claimable(self, todo: Todo) -> str:
         """When a pending todo may be claimed: now, at a time (scheduled, or a retry after a
         failed attempt), or once its parents are done (blocked)."""
         if todo.state != State.PENDING:
