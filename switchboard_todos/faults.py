@@ -119,8 +119,19 @@ class Outage:
 
 
 def connection_options() -> dict[str, Any]:
-    """DATABASE_OPTIONS: the defaults, with the project's values over them (None drops one)."""
-    options = {**DEFAULT_DATABASE_OPTIONS, **conf.DATABASE_OPTIONS}
+    """DATABASE_OPTIONS: the defaults, with the project's values over them (None drops one).
+
+    Behind a pooler (SWITCHBOARD_TODOS_POOLER) the default server settings are left out: they
+    go in the startup packet's `options`, for which PgBouncer before 1.20 refuses the
+    connection ("unsupported startup parameter: options"), and which a transaction pooler
+    could not keep per client anyway. Set them for the role there (docs/operating.md).
+    """
+    defaults = {
+        name: value
+        for name, value in DEFAULT_DATABASE_OPTIONS.items()
+        if conf.POOLER is None or name in LIBPQ_PARAMETERS
+    }
+    options = {**defaults, **conf.DATABASE_OPTIONS}
     return {name: value for name, value in options.items() if value is not None}
 
 
