@@ -57,13 +57,24 @@ def _sqlstate(error: BaseException) -> str | None:
     return getattr(error.__cause__, "sqlstate", None) or getattr(error, "sqlstate", None)
 
 
+#: What PgBouncer (before 1.20) answers a connection that sends server settings in `options`.
+POOLER_REFUSAL = "unsupported startup parameter"
+
+
 def one_line(error: BaseException) -> str:
-    """The error's message on one line (psycopg's span several)."""
+    """The error's message on one line (psycopg's span several); a pooler's refusal of the
+    worker's server settings says which setting to set."""
     try:
         text = str(error)
     except Exception:
         text = ""
-    return " ".join(text.split()) or type(error).__name__
+    line = " ".join(text.split()) or type(error).__name__
+    if POOLER_REFUSAL in line and conf.POOLER is None:
+        line += (
+            " (a connection pooler refused the server settings of DATABASE_OPTIONS: set "
+            'SWITCHBOARD_TODOS_POOLER, docs/operating.md "Behind a connection pooler")'
+        )
+    return line
 
 
 class Outage:

@@ -8,6 +8,7 @@ import collections
 import logging
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,7 +31,7 @@ from switchboard_todos.exceptions import PoolerNotConfigured
 from switchboard_todos.models import State, Todo
 from tests import pgbouncer as bouncers
 from tests.asgi import serve
-from tests.conftest import child_environment, database_url, run_in_threads
+from tests.conftest import ROOT, child_environment, database_url, run_in_threads
 from tests.helpers import OutputLines, wait_until
 
 pytestmark = [pytest.mark.pooler, pytest.mark.django_db(transaction=True)]
@@ -258,8 +259,8 @@ def test_without_the_setting_a_clear_error_names_it(
     unset: bouncers.PgBouncer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Unset: the system check warns, the prepared statements fail with an error that names
-    the setting, and the listener refuses to listen (its waiters poll) rather than hear
-    nothing."""
+    the setting, so does the reaper's refused connection, and the listener refuses to listen
+    (its waiters poll) rather than hear nothing."""
     [warning] = checks.check_pooler(databases=["default"])
     assert warning.id == "switchboard_todos.W051"
 
@@ -269,6 +270,15 @@ def test_without_the_setting_a_clear_error_names_it(
         for _ in range(4):
             Todo.objects.create_todo(kind="test.noop")
             connections.close_all()
+
+    # PgBouncer 1.18 refuses the worker's and reaper's server settings (startup `options`).
+    reaper = subprocess.run(
+        [sys.executable, "-m", "manage", "reap_todos"],
+        cwd=ROOT, env=child_environment(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert reaper.returncode != 0
+    assert "unsupported startup parameter" in reaper.stderr, reaper.stderr
+    assert "set SWITCHBOARD_TODOS_POOLER" in reaper.stderr, reaper.stderr
 
     listener = listen.Listener()
     with caplog.at_level(logging.ERROR, logger="switchboard_todos.listen"):
