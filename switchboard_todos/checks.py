@@ -317,7 +317,8 @@ def _boolean(name: str, *, error_id: str) -> list[checks.Error]:
     return [
         checks.Error(
             f"SWITCHBOARD_TODOS_{name} must be True or False, not {value!r}.",
-            hint="Set it to False behind a transaction-pooling PgBouncer, else remove it.",
+            hint="Remove it to use the default (behind a transaction pooler, set "
+            'SWITCHBOARD_TODOS_POOLER = "transaction" instead).',
             id=error_id,
         )
     ]
