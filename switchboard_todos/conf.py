@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
+from django.db import DEFAULT_DB_ALIAS
 
 DEFAULTS: dict[str, Any] = {
     # Retry backoff after `fail`: BASE * 2**(attempt-1) seconds, at most MAX, minus up to
@@ -152,7 +153,7 @@ class Settings:
         url = self.LISTEN_URL
         if isinstance(url, dict):
             return url.get(alias)
-        return url if alias == "default" else None
+        return url if alias == DEFAULT_DB_ALIAS else None
 
     @property
     def LISTEN(self) -> bool:

@@ -111,11 +111,12 @@ class PreparingCursor(CursorMixin, Cursor[Any]):
             return super().execute(_current(query), params, **kwargs)
 
 
-#: What a prepared statement's loss says: only a pooler between the app and the server hands a
-#: client another session's prepared statements, or a session without its own.
+#: What a prepared statement's loss says. psycopg forgets its statements when the session runs
+#: DISCARD ALL or DEALLOCATE ALL, so what is left is a pooler between the app and the server,
+#: which hands a client another session's prepared statements, or a session without its own.
 _POOLED_PREPARE = (
-    "A prepared statement of switchboard_todos was lost (%s: %s): a connection pooler in "
-    "transaction mode hands each transaction to any server connection. Set "
+    "A prepared statement of switchboard_todos was lost (%s: %s), most likely to a connection "
+    "pooler in transaction mode, which hands each transaction to any server connection. Set "
     'SWITCHBOARD_TODOS_POOLER = "transaction" (docs/operating.md, "Behind a connection pooler"),'
     " or SWITCHBOARD_TODOS_PREPARE = False."
 )
