@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -14,9 +15,10 @@ from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.migrations.loader import MigrationLoader
 from django.db.models.fields import NOT_PROVIDED
+from psycopg.conninfo import conninfo_to_dict
 
-from switchboard_todos import placement
-from switchboard_todos.conf import DEFAULTS
+from switchboard_todos import placement, pooling
+from switchboard_todos.conf import DEFAULTS, POOLERS, conf
 
 #: gen_random_uuid() became core in PostgreSQL 13.
 MIN_POSTGRES_VERSION = 130000
@@ -27,6 +29,7 @@ def register() -> None:
     checks.register(check_settings, checks.Tags.compatibility)
     checks.register(check_database_version, checks.Tags.database)
     checks.register(check_schema, checks.Tags.database)
+    checks.register(check_pooler, checks.Tags.database)
 
 
 def check_database_vendor(**kwargs: Any) -> list[checks.CheckMessage]:
@@ -119,6 +122,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     ):
         errors += _whole_number(name, error_id=error_id)
     errors += _database_options()
+    errors += _pooler()
     errors += _schedules()
     errors += _queue_databases()
     return errors
@@ -147,6 +151,130 @@ def _queue_databases() -> list[checks.Error]:
         for pattern, alias in configured.items()
         if alias not in settings.DATABASES
     ]
+
+
+#: What each check of the pooler's settings points to.
+_POOLER_DOCS = 'See docs/operating.md, "Behind a connection pooler".'
+
+
+def _pooler() -> list[checks.CheckMessage]:
+    """SWITCHBOARD_TODOS_POOLER and LISTEN_URL, and the old settings that contradict them."""
+    pooler = getattr(settings, "SWITCHBOARD_TODOS_POOLER", None)
+    if pooler not in POOLERS:
+        return [
+            checks.Error(
+                f"SWITCHBOARD_TODOS_POOLER must be None, 'transaction' or 'session', not "
+                f"{pooler!r}.",
+                hint=_POOLER_DOCS,
+                id="switchboard_todos.E050",
+            )
+        ]
+    errors = _listen_url()
+    if errors or pooler != "transaction":
+        return errors
+    if getattr(settings, "SWITCHBOARD_TODOS_LISTEN", False) is True:
+        errors += [
+            checks.Error(
+                f"SWITCHBOARD_TODOS_LISTEN is True behind a transaction pooler, and database "
+                f"{alias!r} has no SWITCHBOARD_TODOS_LISTEN_URL: its LISTEN would hear nothing.",
+                hint="Give it a LISTEN_URL that bypasses the pooler, or remove "
+                "SWITCHBOARD_TODOS_LISTEN (it then polls). " + _POOLER_DOCS,
+                id="switchboard_todos.E052",
+            )
+            for alias in placement.todo_databases()
+            if conf.listen_url(alias) is None
+        ]
+    if getattr(settings, "SWITCHBOARD_TODOS_GENERIC_PLANS", False) is True:
+        errors.append(
+            checks.Warning(
+                "SWITCHBOARD_TODOS_GENERIC_PLANS is ignored behind a transaction pooler: "
+                "plan_cache_mode is a session setting, which would stay on a server connection "
+                "that other clients then use.",
+                hint="Remove it, or set it on the server for the role (ALTER ROLE ... SET "
+                "plan_cache_mode = force_generic_plan) if every client of that role wants it.",
+                id="switchboard_todos.W050",
+            )
+        )
+    if not conf.PREPARE:
+        errors += [
+            checks.Error(
+                f"DATABASES[{alias!r}] has psycopg prepare statements (server_side_binding and "
+                "prepare_threshold in OPTIONS) behind a transaction pooler that "
+                "SWITCHBOARD_TODOS_PREPARE = False says cannot keep them.",
+                hint="Set OPTIONS prepare_threshold to None, or, on a pooler that keeps "
+                "prepared statements (PgBouncer 1.21+ with max_prepared_statements), set "
+                "SWITCHBOARD_TODOS_PREPARE = True. " + _POOLER_DOCS,
+                id="switchboard_todos.E053",
+            )
+            for alias in placement.todo_databases()
+            if _prepares(settings.DATABASES[alias].get("OPTIONS", {}))
+        ]
+    return errors
+
+
+def _prepares(options: dict[str, Any]) -> bool:
+    """Whether psycopg prepares Django's statements on its own: Django's client-side binding
+    cursors never prepare; its server-side binding ones do past prepare_threshold."""
+    return (
+        options.get("server_side_binding") is True and options.get("prepare_threshold") is not None
+    )
+
+
+def _listen_url() -> list[checks.CheckMessage]:
+    value = getattr(settings, "SWITCHBOARD_TODOS_LISTEN_URL", None)
+    urls = value if isinstance(value, dict) else {"default": value}
+    problem = None
+    if value is not None and not isinstance(value, str | dict):
+        problem = f"must be a connection string or a dict of them, not {value!r}"
+    for alias, url in urls.items() if problem is None else ():
+        if alias not in settings.DATABASES:
+            problem = f"names database {alias!r}, which DATABASES does not define"
+        elif url is not None and not isinstance(url, str):
+            problem = f"must give connection strings, not {url!r}"
+        elif url:
+            try:
+                conninfo_to_dict(url)
+            except psycopg.ProgrammingError as error:
+                problem = f"gives {alias!r} a connection string libpq cannot read: {error}"
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            f"SWITCHBOARD_TODOS_LISTEN_URL {problem}.",
+            hint='For example "postgres://app@db.internal:5432/app" (the server itself, not '
+            'the pooler), or {"default": ..., "eu": ...}.',
+            id="switchboard_todos.E051",
+        )
+    ]
+
+
+def check_pooler(
+    databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Run with `check --database` and by `migrate`: a database reached through a pooler
+    (pooling.pooled), without the setting. Whether the pooler hands out transactions or
+    sessions cannot be seen, hence a warning."""
+    if conf.POOLER is not None:
+        return []
+    warnings: list[checks.CheckMessage] = []
+    for alias in placement.todo_databases(databases or []):
+        wrapper = connections[alias]
+        if wrapper.vendor != "postgresql":
+            continue
+        wrapper.ensure_connection()
+        if pooling.pooled(wrapper.connection):
+            warnings.append(
+                checks.Warning(
+                    f"Database {alias!r} is reached through a connection pooler, and "
+                    "SWITCHBOARD_TODOS_POOLER is not set.",
+                    hint="Behind a pooler in transaction mode (PgBouncer's default for Django) "
+                    'set SWITCHBOARD_TODOS_POOLER = "transaction": else the first statements '
+                    'fail with PoolerNotConfigured. In session mode set it to "session". '
+                    + _POOLER_DOCS,
+                    id="switchboard_todos.W051",
+                )
+            )
+    return warnings
 
 
 def _schedules() -> list[checks.Error]:
@@ -189,7 +317,8 @@ def _boolean(name: str, *, error_id: str) -> list[checks.Error]:
     return [
         checks.Error(
             f"SWITCHBOARD_TODOS_{name} must be True or False, not {value!r}.",
-            hint="Set it to False behind a transaction-pooling PgBouncer, else remove it.",
+            hint="Remove it to use the default (behind a transaction pooler, set "
+            'SWITCHBOARD_TODOS_POOLER = "transaction" instead).',
             id=error_id,
         )
     ]

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
+from django.db import DEFAULT_DB_ALIAS
 
 DEFAULTS: dict[str, Any] = {
     # Retry backoff after `fail`: BASE * 2**(attempt-1) seconds, at most MAX, minus up to
@@ -21,10 +22,19 @@ DEFAULTS: dict[str, Any] = {
     "BACKOFF_JITTER": 0.5,
     # Largest payload, result or error accepted, in bytes of JSON.
     "MAX_JSON_BYTES": 1024 * 1024,
-    # Wake idle workers and long polls through LISTEN/NOTIFY; turn off behind a
-    # transaction-pooling PgBouncer, which cannot deliver notifications (they then poll).
+    # The connection pooler between the app and PostgreSQL: None, "transaction" or "session"
+    # (docs/operating.md, "Behind a connection pooler"). It gives LISTEN, PREPARE and
+    # GENERIC_PLANS their defaults (POOLED_DEFAULTS), and decides what the app may leave on a
+    # server connection.
+    "POOLER": None,
+    # A libpq connection string (URL or key=value) for the LISTEN connection, which then
+    # bypasses the pooler; what it leaves out comes from the database's DATABASES entry. A
+    # dict maps database aliases to theirs.
+    "LISTEN_URL": None,
+    # Wake idle workers and long polls through LISTEN/NOTIFY; off behind a transaction
+    # pooler, which cannot deliver notifications (they then poll).
     "LISTEN": True,
-    # Prepare the manager's statements once per connection (see cursors.py); turn off behind a
+    # Prepare the manager's statements once per connection (see cursors.py); off behind a
     # PgBouncer in transaction mode older than 1.21, which cannot keep prepared statements.
     "PREPARE": True,
     # Run the prepared statements on one generic plan (plan_cache_mode = force_generic_plan on
@@ -69,6 +79,19 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+#: The values of LISTEN, PREPARE and GENERIC_PLANS that SWITCHBOARD_TODOS_POOLER implies where
+#: the project sets none: a transaction pooler hands each transaction to any server connection,
+#: so nothing may be left on one. Set explicitly, LISTEN and PREPARE win (LISTEN with a
+#: LISTEN_URL, PREPARE on a pooler that keeps prepared statements, PgBouncer 1.21+);
+#: GENERIC_PLANS cannot (a session setting): it stays off behind a transaction pooler.
+POOLED_DEFAULTS: dict[str | None, dict[str, bool]] = {
+    "transaction": {"LISTEN": False, "PREPARE": False, "GENERIC_PLANS": False},
+}
+
+#: The values SWITCHBOARD_TODOS_POOLER accepts.
+POOLERS = (None, "transaction", "session")
+
+
 class Settings:
     """Typed, lazily read view of the `SWITCHBOARD_TODOS_*` settings."""
 
@@ -103,17 +126,48 @@ class Settings:
     def MAX_JSON_BYTES(self) -> int:
         return int(self._get("MAX_JSON_BYTES"))
 
+    def _pooled(self, name: str) -> bool:
+        """A setting POOLER gives a default: the project's value, else the pooler's, else ours."""
+        try:
+            return bool(self._values[name])
+        except KeyError:
+            implied = POOLED_DEFAULTS.get(self.POOLER, {}).get(name, DEFAULTS[name])
+            if name == "LISTEN" and self.LISTEN_URL:
+                implied = True  # its connection bypasses the pooler
+            value = getattr(settings, f"SWITCHBOARD_TODOS_{name}", implied)
+            self._values[name] = value
+            return bool(value)
+
+    @property
+    def POOLER(self) -> str | None:
+        value = self._get("POOLER")
+        return None if value is None else str(value)
+
+    @property
+    def LISTEN_URL(self) -> str | dict[str, str] | None:
+        value = self._get("LISTEN_URL")
+        return value or None
+
+    def listen_url(self, alias: str) -> str | None:
+        """The LISTEN connection string of database `alias`, if it has one."""
+        url = self.LISTEN_URL
+        if isinstance(url, dict):
+            return url.get(alias)
+        return url if alias == DEFAULT_DB_ALIAS else None
+
     @property
     def LISTEN(self) -> bool:
-        return bool(self._get("LISTEN"))
+        return self._pooled("LISTEN")
 
     @property
     def PREPARE(self) -> bool:
-        return bool(self._get("PREPARE"))
+        return self._pooled("PREPARE")
 
     @property
     def GENERIC_PLANS(self) -> bool:
-        return bool(self._get("GENERIC_PLANS"))
+        if self.POOLER == "transaction":
+            return False
+        return self._pooled("GENERIC_PLANS")
 
     @property
     def HORIZON_WARNING_AGE(self) -> float:

@@ -5,7 +5,9 @@ and plans every statement on every call; for a claim, that costs more than runni
 SWITCHBOARD_TODOS_PREPARE (the default), the manager's statements run on a cursor that binds
 parameters on the server and prepares each statement the first time a connection runs it.
 PgBouncer in transaction mode cannot keep prepared statements (before 1.21, or without
-`max_prepared_statements`): turn the setting off there, as SWITCHBOARD_TODOS_LISTEN.
+`max_prepared_statements`): SWITCHBOARD_TODOS_POOLER = "transaction" turns the setting off.
+Without it, the first statement that finds its prepared form missing, or another client's in
+its place, raises `PoolerNotConfigured`, which names the setting.
 
 Either way the cursor is wrapped as Django wraps its own, so query logging, tests'
 `CaptureQueriesContext`, `execute_wrapper()` hooks and error translation all see it. And
@@ -33,6 +35,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.datetime import TimestamptzLoader
 
 from switchboard_todos.conf import conf
+from switchboard_todos.exceptions import PoolerNotConfigured
 
 #: psycopg prepares nothing on a connection whose prepare_threshold is None, Django's default.
 #: Then the threshold becomes this, so high that only what asks for it is prepared.
@@ -97,6 +100,8 @@ class PreparingCursor(CursorMixin, Cursor[Any]):
         kwargs["prepare"] = True
         try:
             return super().execute(_current(query), params, **kwargs)
+        except (errors.DuplicatePreparedStatement, errors.InvalidSqlStatementName) as error:
+            raise PoolerNotConfigured(_POOLED_PREPARE % (error.sqlstate, error)) from error
         except errors.FeatureNotSupported as error:
             if error.diag.source_function != "RevalidateCachedQuery":
                 raise
@@ -104,6 +109,17 @@ class PreparingCursor(CursorMixin, Cursor[Any]):
             if self.connection.info.transaction_status != TransactionStatus.IDLE:
                 raise
             return super().execute(_current(query), params, **kwargs)
+
+
+#: What a prepared statement's loss says. psycopg forgets its statements when the session runs
+#: DISCARD ALL or DEALLOCATE ALL, so what is left is a pooler between the app and the server,
+#: which hands a client another session's prepared statements, or a session without its own.
+_POOLED_PREPARE = (
+    "A prepared statement of switchboard_todos was lost (%s: %s), most likely to a connection "
+    "pooler in transaction mode, which hands each transaction to any server connection. Set "
+    'SWITCHBOARD_TODOS_POOLER = "transaction" (docs/operating.md, "Behind a connection pooler"),'
+    " or SWITCHBOARD_TODOS_PREPARE = False."
+)
 
 
 class LoggingCursorWrapper(CursorDebugWrapper):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from django.core.exceptions import ImproperlyConfigured
+
 
 class TodoError(Exception):
     """Base class of every switchboard-todos error; do not raise it directly."""
@@ -82,3 +84,9 @@ class Throttled(TodoError):
     def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
         self.retry_after = max(1, math.ceil(retry_after))
         super().__init__(message)
+
+
+class PoolerNotConfigured(ImproperlyConfigured):
+    """A connection pooler lost what the app left on a server connection (a prepared
+    statement): SWITCHBOARD_TODOS_POOLER is unset, or set to the wrong mode. Not a TodoError:
+    the project's configuration is wrong, not the caller's input."""

@@ -57,13 +57,24 @@ def _sqlstate(error: BaseException) -> str | None:
     return getattr(error.__cause__, "sqlstate", None) or getattr(error, "sqlstate", None)
 
 
+#: What PgBouncer (before 1.20) answers a connection that sends server settings in `options`.
+POOLER_REFUSAL = "unsupported startup parameter"
+
+
 def one_line(error: BaseException) -> str:
-    """The error's message on one line (psycopg's span several)."""
+    """The error's message on one line (psycopg's span several); a pooler's refusal of the
+    worker's server settings says which setting to set."""
     try:
         text = str(error)
     except Exception:
         text = ""
-    return " ".join(text.split()) or type(error).__name__
+    line = " ".join(text.split()) or type(error).__name__
+    if POOLER_REFUSAL in line and conf.POOLER is None:
+        line += (
+            " (a connection pooler refused the server settings of DATABASE_OPTIONS: set "
+            'SWITCHBOARD_TODOS_POOLER, docs/operating.md "Behind a connection pooler")'
+        )
+    return line
 
 
 class Outage:
@@ -119,8 +130,19 @@ class Outage:
 
 
 def connection_options() -> dict[str, Any]:
-    """DATABASE_OPTIONS: the defaults, with the project's values over them (None drops one)."""
-    options = {**DEFAULT_DATABASE_OPTIONS, **conf.DATABASE_OPTIONS}
+    """DATABASE_OPTIONS: the defaults, with the project's values over them (None drops one).
+
+    Behind a pooler (SWITCHBOARD_TODOS_POOLER) the default server settings are left out: they
+    go in the startup packet's `options`, for which PgBouncer before 1.20 refuses the
+    connection ("unsupported startup parameter: options"), and which a transaction pooler
+    could not keep per client anyway. Set them for the role there (docs/operating.md).
+    """
+    defaults = {
+        name: value
+        for name, value in DEFAULT_DATABASE_OPTIONS.items()
+        if conf.POOLER is None or name in LIBPQ_PARAMETERS
+    }
+    options = {**defaults, **conf.DATABASE_OPTIONS}
     return {name: value for name, value in options.items() if value is not None}
 
 

@@ -33,6 +33,8 @@ SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
 
 # A test's worker child may shorten the connection timeouts (tests/test_worker_process.py).
 SWITCHBOARD_TODOS_DATABASE_OPTIONS = env.json("SWITCHBOARD_TODOS_DATABASE_OPTIONS", default={})
+# The pooler in front of the database for the processes a test starts (tests/test_pooler.py).
+SWITCHBOARD_TODOS_POOLER = env.str("SWITCHBOARD_TODOS_POOLER", default=None)
 # Queues placed in `eu` for the processes a test starts (tests/test_databases.py).
 SWITCHBOARD_TODOS_QUEUE_DATABASES = env.json("SWITCHBOARD_TODOS_QUEUE_DATABASES", default={})
 # Periodic todos for the processes a test starts (the scheduler's systemd unit).

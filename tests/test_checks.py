@@ -86,6 +86,11 @@ def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
         ("QUEUE_DATABASES", ["eu-*"], "switchboard_todos.E042"),
         ("QUEUE_DATABASES", {"eu-*": 1}, "switchboard_todos.E042"),
         ("QUEUE_DATABASES", {"eu-*": "nowhere"}, "switchboard_todos.E043"),
+        ("POOLER", "pgbouncer", "switchboard_todos.E050"),
+        ("LISTEN_URL", 5432, "switchboard_todos.E051"),
+        ("LISTEN_URL", "not a connection string", "switchboard_todos.E051"),
+        ("LISTEN_URL", {"nowhere": "host=db"}, "switchboard_todos.E051"),
+        ("LISTEN_URL", {"default": ["host=db"]}, "switchboard_todos.E051"),
     ],
 )
 def test_settings_type_and_range(setting: str, value: Any, error_id: str) -> None:
@@ -110,3 +115,43 @@ def test_e007_server_version(monkeypatch: pytest.MonkeyPatch) -> None:
     errors = checks.check_database_version(databases=["default"])
     assert ids(errors) == ["switchboard_todos.E007"]
     assert isinstance(errors[0], Error)
+
+
+@pytest.mark.parametrize(
+    ("pooler_settings", "expected"),
+    [
+        ({"POOLER": "transaction"}, []),
+        ({"POOLER": "session", "LISTEN": True, "GENERIC_PLANS": True}, []),
+        ({"POOLER": "transaction", "LISTEN": True}, ["switchboard_todos.E052"]),
+        ({"POOLER": "transaction", "LISTEN": True, "LISTEN_URL": "host=db"}, []),
+        ({"POOLER": "transaction", "GENERIC_PLANS": True}, ["switchboard_todos.W050"]),
+    ],
+)
+def test_e052_w050_old_settings_against_a_transaction_pooler(
+    pooler_settings: dict[str, Any], expected: list[str]
+) -> None:
+    """LISTEN set True behind a transaction pooler needs a LISTEN_URL; GENERIC_PLANS is ignored
+    there, which a warning says."""
+    with override_settings(**{f"SWITCHBOARD_TODOS_{k}": v for k, v in pooler_settings.items()}):
+        assert ids(checks.check_settings()) == expected
+
+
+@override_settings(SWITCHBOARD_TODOS_POOLER="transaction")
+def test_e053_psycopg_prepares_behind_a_transaction_pooler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Django's server-side binding cursors with a prepare_threshold prepare on their own."""
+    from django.conf import settings
+
+    options = {"server_side_binding": True, "prepare_threshold": 5}
+    monkeypatch.setitem(settings.DATABASES["default"], "OPTIONS", options)
+    errors = checks.check_settings()
+    assert ids(errors) == ["switchboard_todos.E053"]
+    assert "prepare_threshold" in str(errors[0].hint)
+    with override_settings(SWITCHBOARD_TODOS_PREPARE=True):  # PgBouncer 1.21+ keeps them
+        assert checks.check_settings() == []
+
+
+@pytest.mark.django_db
+def test_w051_is_quiet_on_a_direct_connection() -> None:
+    """Connected to the server itself, the pooler's check finds nothing (tests/test_pooler.py
+    has it warn through PgBouncer)."""
+    assert checks.check_pooler(databases=["default"]) == []

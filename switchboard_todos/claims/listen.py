@@ -9,6 +9,12 @@ for (`wait_for`, endings.py) and tells their `Ending`s. Waiters also poll: a tod
 time arrives or whose lease expires sends no notification, nor does anything committed while
 the listener was reconnecting. Without LISTEN (PgBouncer in transaction mode cannot deliver
 notifications) everything still works, at polling latency.
+
+Behind a connection pooler the listener connects where SWITCHBOARD_TODOS_LISTEN_URL says, past
+the pooler. It refuses to listen through a pooler unless SWITCHBOARD_TODOS_POOLER = "session"
+says the pooler keeps sessions: in transaction mode the LISTEN would stay on a server connection
+that other clients then use, and this one would wait for notifications that never come (a
+`wait_for` for its whole wait). Its subscribers then poll, and one error says which setting.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from typing import TYPE_CHECKING, Protocol
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db import Error as DatabaseError
+from django.db.utils import load_backend
+
+from switchboard_todos import pooling
+from switchboard_todos.conf import conf
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -41,6 +51,10 @@ CONNECT_TIMEOUT = 5.0
 #: How often the listener thread looks up from its connection to check whether to stop.
 _TICK = 0.25
 _RECONNECT_MAX = 5.0
+
+
+class _Refused(Exception):
+    """The listening connection reached a pooler that may not keep its LISTEN."""
 
 
 class Subscriber(Protocol):
@@ -150,6 +164,9 @@ class Listener:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._listening = threading.Event()
+        #: Set once listening, or once refused (`_refused`): what `listening_within` waits for.
+        self._settled = threading.Event()
+        self._refused = False
 
     @property
     def listening(self) -> bool:
@@ -184,7 +201,7 @@ class Listener:
 
     def _start(self) -> None:
         """Start the thread, unless it runs (under the lock)."""
-        if self._thread is None:
+        if self._thread is None and not self._refused:
             self._stopping.clear()
             self._thread = threading.Thread(
                 target=self._run, name=f"switchboard-todos-listener-{self.alias}", daemon=True
@@ -192,8 +209,10 @@ class Listener:
             self._thread.start()
 
     def listening_within(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for the connection to listen; whether it does."""
-        return self._listening.wait(timeout)
+        """Wait up to `timeout` seconds for the connection to listen; whether it does. False
+        at once if the listener refused to listen through a pooler."""
+        self._settled.wait(timeout)
+        return self.listening
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         """Stop telling `subscriber`."""
@@ -207,6 +226,9 @@ class Listener:
         if thread is not None:
             self._stopping.set()
             thread.join(timeout)
+        with self._lock:
+            self._refused = False
+            self._settled.clear()
 
     def _run(self) -> None:
         wrapper: BaseDatabaseWrapper | None = None
@@ -225,6 +247,7 @@ class Listener:
                     if done:
                         self._thread = None
                         self._listening.clear()
+                        self._settled.clear()
                         return
                 try:
                     if wrapper is None:
@@ -232,8 +255,17 @@ class Listener:
                         failures = 0
                     for notify in wrapper.connection.notifies(timeout=_TICK):
                         self._dispatch(notify.channel, notify.payload)
+                except _Refused as refusal:
+                    logger.error("%s", refusal)
+                    with self._lock:
+                        self._refused = True
+                        self._thread = None
+                        self._settled.set()
+                    return
                 except (DatabaseError, psycopg.Error) as error:
-                    self._listening.clear()
+                    with self._lock:
+                        self._listening.clear()
+                        self._settled.clear()
                     failures += 1
                     delay = min(_RECONNECT_MAX, 0.1 * 2**failures)
                     # One warning per outage; the retries of a long one say nothing more.
@@ -250,9 +282,23 @@ class Listener:
             _close(wrapper)
 
     def _connect(self, *, reconnect: bool) -> BaseDatabaseWrapper:
-        wrapper = connections.create_connection(self.alias)
+        bypass = pooling.listen_settings(self.alias)
+        wrapper = (
+            connections.create_connection(self.alias)
+            if bypass is None
+            else load_backend(bypass["ENGINE"]).DatabaseWrapper(bypass, self.alias)
+        )
         try:
             wrapper.ensure_connection()
+            if conf.POOLER != "session" and pooling.pooled(wrapper.connection):
+                raise _Refused(
+                    f"Not listening on database {self.alias!r}: it is reached through a "
+                    "connection pooler, which in transaction mode would keep the LISTEN on a "
+                    "server connection other clients use, and deliver nothing here. Waiters "
+                    'poll instead. Set SWITCHBOARD_TODOS_POOLER ("transaction", or "session" '
+                    "for a pooler that keeps sessions), or a SWITCHBOARD_TODOS_LISTEN_URL past "
+                    'the pooler (docs/operating.md, "Behind a connection pooler").'
+                )
             # LISTEN takes effect at commit: run it outside any transaction.
             wrapper.set_autocommit(True)
             wrapper.connection.execute(f"LISTEN {CHANNEL}; LISTEN {ENDED_CHANNEL}")
@@ -261,6 +307,7 @@ class Listener:
             raise
         with self._lock:
             self._listening.set()
+            self._settled.set()
             subscribers = list(self._subscribers)
             endings = [ending for watching in self._endings.values() for ending in watching]
         if reconnect:

@@ -91,7 +91,8 @@ class Command(BaseCommand):
             action=argparse.BooleanOptionalAction,
             default=None,
             help="Wake on new work through LISTEN/NOTIFY; --no-listen polls only, as needed "
-            "behind PgBouncer in transaction mode (default: SWITCHBOARD_TODOS_LISTEN).",
+            "behind PgBouncer in transaction mode (default: SWITCHBOARD_TODOS_LISTEN, off "
+            "with SWITCHBOARD_TODOS_POOLER = 'transaction').",
         )
         parser.add_argument(
             "--poll-interval",
