@@ -76,6 +76,13 @@ DEFAULTS: dict[str, Any] = {
     # notes), unless its own row says otherwise: 600 creates of 27 KiB, or 256 errors of the
     # most that is stored of one (MAX_ERROR_BYTES).
     "AGENT_MAX_BYTES_PER_MINUTE": 16 * 1024 * 1024,
+    # Seconds a server process keeps what it read of an agent (its grants and quotas) for the
+    # verbs whose own statement checks the agent's credential (the HTTP API's claims from
+    # queues, heartbeat, complete, fail, release; SQS's receive, delete and visibility
+    # changes): one statement a request instead of two. A revoked or rotated credential is
+    # refused at its very next request whatever this is; a changed grant or quota is seen
+    # within it. 0: every request reads the agent.
+    "AGENT_CACHE_SECONDS": 10.0,
 }
 
 
@@ -208,6 +215,10 @@ class Settings:
     @property
     def AGENT_MAX_WAITS(self) -> int:
         return int(self._get("AGENT_MAX_WAITS"))
+
+    @property
+    def AGENT_CACHE_SECONDS(self) -> float:
+        return float(self._get("AGENT_CACHE_SECONDS"))
 
     @property
     def AGENT_MAX_SESSIONS(self) -> int:

@@ -210,12 +210,13 @@ def test_a_claim_by_id_conflict_names_a_holder_the_agent_may_see(
 def test_what_the_quotas_cost(
     agent: Agent, make_todo: MakeTodo, django_assert_num_queries: Any
 ) -> None:
-    """A claim that takes work is still one statement (the claim counts what the agent holds);
-    an empty one adds the count of what it holds; a create adds the count of its minute."""
+    """A claim that takes work is still one statement (the claim counts what the agent holds,
+    and checks its credential); an empty one adds the check of its credential and the count of
+    what it holds; a create adds the count of its minute."""
     make_todo(queue="work")
     with django_assert_num_queries(1):
         assert service.claim(agent, ttl=30)
-    with django_assert_num_queries(2):
+    with django_assert_num_queries(3):
         assert service.claim(agent, ttl=30) == []
     with CaptureQueriesContext(connection) as create:
         service.create_for(agent, queue="work", kind="k")

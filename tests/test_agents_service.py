@@ -243,6 +243,7 @@ def test_claim_by_id_of_a_todo_held_by_another_agent_is_a_conflict(
     assert service.claim(agent, todo_id=todo.id, ttl=30)[0].owner == "a1"
 
 
+@pytest.mark.django_db(transaction=True)  # its claims run on the claim threads' connections
 def test_aclaim_waits_without_a_thread_and_returns_empty_when_nothing_comes(
     agent: Agent,
 ) -> None:

@@ -20,6 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from switchboard_todos.agents import accounts
 from switchboard_todos.api import asgi
 from switchboard_todos.claims import long_polls
+from switchboard_todos.exceptions import NotAuthenticated
 from switchboard_todos.models import Agent, State, Todo
 from tests.asgi import django_application
 
@@ -295,15 +296,51 @@ def test_only_the_verbs_are_answered_in_front(tokens: dict[str, str]) -> None:
     ]
 
 
-def test_a_verb_is_two_statements(tokens: dict[str, str]) -> None:
-    """The agent's lookup, then the transition; nothing else on the way."""
+def test_a_verb_is_one_statement(tokens: dict[str, str]) -> None:
+    """The transition alone, which checks the agent's credential itself, once this process
+    has read the agent (the first request reads it)."""
+    first, _ = Todo.objects.create_todo(queue="work", kind="k")
+    second, _ = Todo.objects.create_todo(queue="work", kind="k")
+    counted = []
+    for todo in (first, second):
+        with CaptureQueriesContext(connection) as claim:
+            asgi._perform("claim", tokens["a1"], None, b'{"ttl": 30}')
+        with CaptureQueriesContext(connection) as complete:
+            asgi._perform("complete", tokens["a1"], todo.id, b"")
+        counted.append((len(claim), len(complete)))
+    assert counted == [(2, 1), (1, 1)]
+    assert Todo.objects.get(pk=first.pk).state == Todo.objects.get(pk=second.pk).state == "done"
+
+
+def test_without_keeping_agents_each_request_reads_its_agent(
+    tokens: dict[str, str], settings: Any
+) -> None:
+    settings.SWITCHBOARD_TODOS_AGENT_CACHE_SECONDS = 0
     todo, _ = Todo.objects.create_todo(queue="work", kind="k")
     with CaptureQueriesContext(connection) as claim:
         asgi._perform("claim", tokens["a1"], None, b'{"ttl": 30}')
     with CaptureQueriesContext(connection) as complete:
         asgi._perform("complete", tokens["a1"], todo.id, b"")
     assert (len(claim), len(complete)) == (2, 2)
-    assert Todo.objects.get(pk=todo.pk).state == State.DONE
+
+
+@pytest.mark.parametrize("verb", ["complete", "heartbeat", "fail", "release", "claim"])
+@pytest.mark.parametrize("revoke", [accounts.revoke, accounts.rotate_token])
+def test_a_revoked_token_is_refused_at_its_very_next_request(
+    tokens: dict[str, str], revoke: Callable[[Agent], Any], verb: str
+) -> None:
+    """Read by this process a moment before, the agent is revoked (or its token rotated): its
+    next request is refused (401), and changes nothing."""
+    held, _ = Todo.objects.create_todo(queue="work", kind="k")
+    waiting, _ = Todo.objects.create_todo(queue="work", kind="k")
+    token = tokens["a1"]
+    asgi._perform("claim", token, None, b'{"ttl": 30}')
+    revoke(Agent.objects.get(name="a1"))
+    with pytest.raises(NotAuthenticated):
+        asgi._perform(verb, token, None if verb == "claim" else held.id, b"{}")
+    held.refresh_from_db()
+    assert (held.state, held.owner, held.attempt) == (State.CLAIMED, "a1", 1)
+    assert Todo.objects.get(pk=waiting.pk).state == State.PENDING
 
 
 def test_a_terminated_connection_costs_one_answer(tokens: dict[str, str]) -> None:

@@ -69,6 +69,8 @@ def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
         ("HORIZON_WARNING_AGE", -1, "switchboard_todos.E010"),
         ("DEAD_TUPLES_WARNING", "many", "switchboard_todos.E011"),
         ("DEFAULT_TTL", 0, "switchboard_todos.E012"),
+        ("AGENT_CACHE_SECONDS", -1, "switchboard_todos.E029"),
+        ("AGENT_CACHE_SECONDS", 7200, "switchboard_todos.E029"),
         ("MAX_ERRORS_KEPT", 0, "switchboard_todos.E013"),
         ("MAX_ERROR_BYTES", 1.5, "switchboard_todos.E014"),
         ("MAX_PROGRESS_BYTES", "16k", "switchboard_todos.E015"),

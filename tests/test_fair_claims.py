@@ -209,6 +209,7 @@ def claim_buffers(backlog_keys: int) -> tuple[int, int]:
             "default_ttl": "30s",
             "limit": 10,
             "max_held": None,
+            "credential": None,
             "max_errors_kept": 20,
             "max_error_history_bytes": 262144,
             **claim_marks(["fair"], known=False),

@@ -97,6 +97,7 @@ def test_a_limited_claim_reads_its_slots_once(make_todo: MakeTodo) -> None:
         "default_ttl": "30s",
         "limit": 50,
         "max_held": None,
+        "credential": None,
         "max_errors_kept": 20,
         "max_error_history_bytes": 262144,
         **claim_marks(["wide"], known=False),

@@ -296,6 +296,8 @@ CLAIM_INDEXES = {
     # The failure history of a todo whose expired lease the claim takes over (taken_over).
     "idx_todo_errors_todo",
     "todo_errors_pkey",
+    # A remote agent's credential, checked in the claim (credential_holds).
+    "todo_agents_name_key",
 }
 
 
@@ -320,6 +322,7 @@ def test_claim_next_is_an_index_scan_per_queue(
         "default_ttl": "30s",
         "limit": 1,
         "max_held": None,
+        "credential": None,
         "max_errors_kept": 20,
         "max_error_history_bytes": 262144,
         **claim_marks(queues, known=generic),
@@ -363,6 +366,7 @@ def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
         "default_ttl": "30s",
         "limit": 10,
         "max_held": None,
+        "credential": None,
         "max_errors_kept": 20,
         "max_error_history_bytes": 262144,
         **claim_marks(["a", "b"], known=True),

@@ -223,9 +223,14 @@ def _perform(
 ) -> bytes | Waiting | HttpResponse:
     """On one of the threads: authenticate, then parse the body (or refuse it), then run the
     verb, counted among the agent's requests in flight, and serialize its answer. A claim with
-    a `wait` returns Waiting: the event loop waits for it, and counts it."""
+    a `wait` returns Waiting: the event loop waits for it, and counts it.
+
+    The agent is recognised (identity.py): the verbs here check its credential in their own
+    statement, so a request is one statement, and a revoked token is still refused at once.
+    """
     try:
-        agent = service.authenticate(token)
+        # The claim by id reads the agent's grants before its statement: read them now.
+        agent = service.authenticate(token) if verb == "claim_todo" else service.recognise(token)
         arguments = _arguments(verb, body)
         if isinstance(arguments, HttpResponse):
             return arguments

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from switchboard_todos.managers.claiming import Claiming
 from switchboard_todos.managers.creating import Creating
-from switchboard_todos.managers.holding import Heartbeats, Holding
+from switchboard_todos.managers.holding import Heartbeats, Holding, Receipt
 from switchboard_todos.managers.machinery import KEY_RACE_TRIES, RACED_INDEXES, run_now
 from switchboard_todos.managers.operating import BatchResult, Operating, ReapResult, RepairResult
 
@@ -24,6 +24,7 @@ __all__ = [
     "BatchResult",
     "Heartbeats",
     "ReapResult",
+    "Receipt",
     "RepairResult",
     "TodoManager",
     "run_now",

@@ -15,6 +15,7 @@ from switchboard_todos.claims import long_polls
 from switchboard_todos.claims.marks import marks
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.managers.holding import Receipt, receipt_guard
 from switchboard_todos.managers.machinery import (
     KEY_RACE_TRIES,
     RACED_INDEXES,
@@ -43,6 +44,7 @@ class Claiming(Machinery):
         *,
         wait: Seconds | None = None,
         max_held: int | None = None,
+        credential: str | None = None,
     ) -> Todo | None:
         """Claim the longest-claimable todo in `queues` for `owner`, or return None.
 
@@ -51,8 +53,12 @@ class Claiming(Machinery):
         woken by LISTEN/NOTIFY (unless SWITCHBOARD_TODOS_LISTEN is off) and polling. With
         `max_held`, claim nothing once `owner` holds that many todos. Without `ttl`, each todo's
         lease is its queue's visibility timeout (Queue), else SWITCHBOARD_TODOS_DEFAULT_TTL.
+        `credential` is a remote agent's (`owner`'s) credential salt, as its surface read it
+        (agents/service): the claim takes nothing unless it still holds.
         """
-        claimed = self.claim_batch(queues, owner, ttl, limit=1, wait=wait, max_held=max_held)
+        claimed = self.claim_batch(
+            queues, owner, ttl, limit=1, wait=wait, max_held=max_held, credential=credential
+        )
         return claimed[0] if claimed else None
 
     def claim_batch(
@@ -64,14 +70,18 @@ class Claiming(Machinery):
         *,
         wait: Seconds | None = None,
         max_held: int | None = None,
+        credential: str | None = None,
     ) -> list[Todo]:
         """Claim up to `limit` claimable todos in `queues` for `owner`, oldest first.
 
         With `wait`, block until at least one is claimable or `wait` has passed. With
-        `max_held`, claim only as many as bring the todos `owner` holds up to that many.
+        `max_held`, claim only as many as bring the todos `owner` holds up to that many. With
+        a `credential`, only while it holds (as `claim_next`).
         """
         return run_now(
-            self._claim_batch(_Blocking(self), queues, owner, ttl, limit, wait, max_held)
+            self._claim_batch(
+                _Blocking(self), queues, owner, ttl, limit, wait, max_held, credential
+            )
         )
 
     async def aclaim_batch(
@@ -83,9 +93,12 @@ class Claiming(Machinery):
         *,
         wait: Seconds | None = None,
         max_held: int | None = None,
+        credential: str | None = None,
     ) -> list[Todo]:
         """Async twin of `claim_batch`; a blocking claim waits without holding a thread."""
-        return await self._claim_batch(_Suspending(self), queues, owner, ttl, limit, wait, max_held)
+        return await self._claim_batch(
+            _Suspending(self), queues, owner, ttl, limit, wait, max_held, credential
+        )
 
     async def aclaim_next(
         self,
@@ -95,9 +108,12 @@ class Claiming(Machinery):
         *,
         wait: Seconds | None = None,
         max_held: int | None = None,
+        credential: str | None = None,
     ) -> Todo | None:
         """Async twin of `claim_next`."""
-        claimed = await self.aclaim_batch(queues, owner, ttl, limit=1, wait=wait, max_held=max_held)
+        claimed = await self.aclaim_batch(
+            queues, owner, ttl, limit=1, wait=wait, max_held=max_held, credential=credential
+        )
         return claimed[0] if claimed else None
 
     async def _claim_batch(
@@ -109,6 +125,7 @@ class Claiming(Machinery):
         limit: int,
         wait: Seconds | None,
         max_held: int | None,
+        credential: str | None,
     ) -> list[Todo]:
         """`claim_batch` and its twin, one code: `io` claims and waits, each its way.
 
@@ -121,6 +138,7 @@ class Claiming(Machinery):
                 queues=queues, owner=owner, ttl=ttl, limit=limit, wait=wait, max_held=max_held
             )
         )
+        params["credential"] = credential
         placed = self._placed(params["queues"])
         if placed is not self:
             io = type(io)(placed)
@@ -267,12 +285,16 @@ class Claiming(Machinery):
     def _give_back(self, todos: Iterable[Todo], owner: str) -> None:
         """Give back `todos`, claimed for `owner` by a claim whose caller could not take them
         (its client went away, or its answer failed): each released in the database it came
-        from (sql/holding.sql), pending again at once, the attempt not counted. One `owner` no
-        longer holds (an operator cancelled it meanwhile) is left alone."""
+        from (sql/holding.sql), pending again at once, the attempt not counted. Only that
+        claim is given back (its receipt): one `owner` no longer holds under it (an operator
+        cancelled it meanwhile, or its lease lapsed and `owner` claimed it again) is left
+        alone."""
         for todo in todos:
             params = validation.arguments(todo_id=todo.id, owner=owner, delay=None)
+            assert todo.claimed_at is not None
+            guard = receipt_guard(Receipt(todo.attempt, todo.claimed_at))
             self.db_manager(todo._state.db)._transition(
-                "release", {**params, "notify": conf.LISTEN}
+                "release", {**params, **guard, "credential": None, "notify": conf.LISTEN}
             )
 
     aclaim = async_twin(claim)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from switchboard_todos import endings, validation
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
+from switchboard_todos.exceptions import TodoConflict
 from switchboard_todos.managers.machinery import (
     KEY_RACE_TRIES,
     Machinery,
@@ -27,6 +29,22 @@ if TYPE_CHECKING:
 #: complete_many's first pause before it runs again for todos it left alone, in seconds; doubled
 #: at each try, at most 50 ms (about 0.2 s over every try).
 LEFT_ALONE_PAUSE = 0.001
+
+
+class Receipt(NamedTuple):
+    """One claim of a todo, as its holder was told of it: the attempt, and the moment of the
+    claim (the todo's claimed_at). A holder's verb given a receipt acts only on that claim, not
+    on a later claim of the same todo by the same owner (SQS's receipt handles)."""
+
+    attempt: int
+    claimed_at: datetime
+
+
+def receipt_guard(receipt: Receipt | None) -> dict[str, Any]:
+    """The parameters of a statement's under_receipt guard (sql/shared.sql)."""
+    if receipt is None:
+        return {"receipt_attempt": None, "receipt_claimed_at": None}
+    return {"receipt_attempt": receipt.attempt, "receipt_claimed_at": receipt.claimed_at}
 
 
 class Heartbeats(NamedTuple):
@@ -46,20 +64,27 @@ class Holding(Machinery):
     """`Todo.objects`' verbs of a lease's holder."""
 
     def heartbeat(
-        self, todo_id: str, owner: str, ttl: Seconds | None = None, *, progress: Any = None
+        self,
+        todo_id: str,
+        owner: str,
+        ttl: Seconds | None = None,
+        *,
+        progress: Any = None,
+        receipt: Receipt | None = None,
+        credential: str | None = None,
     ) -> Todo:
         """Extend the lease on a todo `owner` holds to `ttl` from now.
 
         `progress` (any JSON value, at most SWITCHBOARD_TODOS_MAX_PROGRESS_BYTES) becomes the
         todo's latest progress note; without it the last note stays. A todo an operator
-        cancelled raises TodoCancelled: stop work on it.
+        cancelled raises TodoCancelled: stop work on it. With a `receipt`, only under that
+        claim (TodoConflict otherwise); with a `credential`, only while it holds (as
+        `complete`).
         """
         params = leased(
             validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl, progress=progress)
         )
-        return self._transition("heartbeat", params) or self._classify_miss(
-            "heartbeat", todo_id, owner
-        )
+        return self._held_transition("heartbeat", params, receipt, credential)
 
     def wait_for(self, todo_id: str, timeout: Seconds) -> Todo:
         """Block until a todo is done or failed, or `timeout` (seconds, up to a day) passes;
@@ -109,14 +134,27 @@ class Holding(Machinery):
             cancelled=[todo_id for todo_id, _, cancelled in seen if cancelled],
         )
 
-    def complete(self, todo_id: str, owner: str, result: Any = None) -> Todo:
+    def complete(
+        self,
+        todo_id: str,
+        owner: str,
+        result: Any = None,
+        *,
+        receipt: Receipt | None = None,
+        credential: str | None = None,
+    ) -> Todo:
         """Mark a todo `owner` holds done, storing `result` (any JSON value); the todos waiting
-        for it that wait for nothing else become claimable in the same statement."""
+        for it that wait for nothing else become claimable in the same statement.
+
+        With a `receipt`, only under that claim (TodoConflict otherwise). `credential` is a
+        remote agent's (`owner`'s) credential salt, as its surface read it (agents/service):
+        the statement acts only while it still holds.
+        """
         params = {
             **validation.arguments(todo_id=todo_id, owner=owner, result=result),
             "notify": conf.LISTEN,
         }
-        return self._holders_transition("complete", params)
+        return self._held_transition("complete", params, receipt, credential)
 
     def complete_many(self, owner: str, results: Mapping[str, Any]) -> list[str]:
         """Mark many todos done, `results` mapping each id to its result, in one statement.
@@ -150,11 +188,18 @@ class Holding(Machinery):
         return done
 
     def fail(
-        self, todo_id: str, owner: str, error: Any = None, retry_in: Seconds | None = None
+        self,
+        todo_id: str,
+        owner: str,
+        error: Any = None,
+        retry_in: Seconds | None = None,
+        *,
+        credential: str | None = None,
     ) -> Todo:
         """Record a failed attempt: pending again after a backoff, or dead-lettered at the cap.
 
-        `error` is a message, a dict, or an exception; `retry_in` overrides the backoff.
+        `error` is a message, a dict, or an exception; `retry_in` overrides the backoff. With
+        a `credential`, only while it holds (as `complete`).
         """
         params = {
             **with_history(
@@ -165,15 +210,54 @@ class Holding(Machinery):
             ),
             "notify": conf.LISTEN,
         }
-        return self._holders_transition("fail", params)
+        return self._held_transition("fail", params, None, credential)
 
-    def release(self, todo_id: str, owner: str, delay: Seconds | None = None) -> Todo:
-        """Give a lease back: pending again (after `delay`), the attempt not counted."""
+    def release(
+        self,
+        todo_id: str,
+        owner: str,
+        delay: Seconds | None = None,
+        *,
+        receipt: Receipt | None = None,
+        credential: str | None = None,
+    ) -> Todo:
+        """Give a lease back: pending again (after `delay`), the attempt not counted. With a
+        `receipt`, only under that claim (TodoConflict otherwise); with a `credential`, only
+        while it holds (as `complete`)."""
         params = {
             **validation.arguments(todo_id=todo_id, owner=owner, delay=delay),
             "notify": conf.LISTEN,
         }
-        return self._transition("release", params) or self._classify_miss("release", todo_id, owner)
+        return self._held_transition("release", params, receipt, credential)
+
+    def _held_transition(
+        self, name: str, params: dict[str, Any], receipt: Receipt | None, credential: str | None
+    ) -> Todo:
+        """Run a holder's transition of one todo, guarded by `receipt` and `credential` if
+        given; a miss is explained (TodoNotFound, TodoConflict): a todo held by its owner under
+        another claim than the receipt names is a conflict that says so. (A credential that no
+        longer holds is its surface's to tell: agents/service checks it after a miss.)"""
+        todo = self._transition(
+            name, {**params, **receipt_guard(receipt), "credential": credential}
+        )
+        if todo is not None:
+            return todo
+        todo_id, owner = params["todo_id"], params["owner"]
+        seen = self._seen([todo_id]).get(todo_id)
+        if (
+            receipt is not None
+            and seen is not None
+            and (seen["owner"], seen["attempt"], seen["claimed_at"])
+            != (owner, receipt.attempt, receipt.claimed_at)
+        ):
+            raise TodoConflict(
+                f"Todo {todo_id} is not held under this receipt: it was received again since, "
+                "or its lease ended.",
+                todo_id=todo_id,
+                state=seen["state"],
+                owner=seen["owner"],
+            )
+        return self._explain_miss(name, todo_id, owner, seen)
 
     aheartbeat = async_twin(heartbeat)
     aheartbeat_many = async_twin(heartbeat_many)

@@ -224,13 +224,6 @@ class Machinery(_TodoManagerBase["Todo"]):
             rows = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
         return {row["id"]: row for row in rows}
 
-    def _holders_transition(self, name: str, params: Mapping[str, Any]) -> Todo:
-        """Run a transition of the lease's holder (`params["owner"]`) that finishes a todo; a
-        miss is explained (TodoNotFound, TodoConflict)."""
-        return self._transition(name, params) or self._classify_miss(
-            name, params["todo_id"], params["owner"]
-        )
-
     def _classify_miss(self, operation: str, todo_id: str, owner: str | None) -> Todo:
         """Raise TodoNotFound or a TodoConflict (TodoCancelled) that says what stood in the way."""
         return self._explain_miss(operation, todo_id, owner, self._seen([todo_id]).get(todo_id))

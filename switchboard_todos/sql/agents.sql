@@ -78,3 +78,11 @@ SELECT count(*) AS held,
        extract(epoch FROM min(lease_expires_at) - now())::float8 AS first_lease_ends_in
   FROM todos
  WHERE state = 'claimed' AND owner = %(owner)s;
+
+-- name: check_credential
+-- Whether agent %(name)s is still active under the credentials it was recognised by: the salt
+-- %(credential)s, which every rotation and revocation replaces (agents/accounts.py).
+SELECT EXISTS (
+    SELECT FROM todo_agents
+     WHERE name = %(name)s AND is_active AND credential_salt = %(credential)s
+);

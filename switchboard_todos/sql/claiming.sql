@@ -325,7 +325,7 @@ noted AS ({{noted(entry)}}),
 claimed AS (
     UPDATE todos
        {{set_claimed(slot, entry, trimmed)}}
-     WHERE id = ANY (ARRAY(SELECT id FROM picked))
+     WHERE id = ANY (ARRAY(SELECT id FROM picked)) AND {{credential_holds}}
     RETURNING todos.*
 ),
 counted AS ({{counted(claimed, slot, room)}})
@@ -380,7 +380,7 @@ picked AS MATERIALIZED ({{picked(first_per_key, room)}}),
 claimed AS (
     UPDATE todos
        SET {{leased_to_owner}}
-     WHERE id = ANY (ARRAY(SELECT id FROM picked))
+     WHERE id = ANY (ARRAY(SELECT id FROM picked)) AND {{credential_holds}}
     RETURNING todos.*
 )
 {{claimed_in_order(claimed, picked, ready, limited)}};

@@ -15,12 +15,14 @@ RETURNING id;
 
 -- name: heartbeat
 -- Extend the lease of a todo the owner still holds (lease_end), and keep %(progress)s as its
--- latest progress note (none given: the last one stays). Guard: claimed, same owner.
+-- latest progress note (none given: the last one stays). Guard: claimed, same owner;
+-- the receipt and the credential, when the caller names them (shared.sql).
 UPDATE todos
    SET lease_expires_at = {{lease_end(todos)}},
        progress = coalesce(%(progress)s::jsonb, progress),
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+   AND {{under_receipt(todos)}} AND {{credential_holds}}
 RETURNING *;
 
 -- name: heartbeat_many
@@ -52,7 +54,8 @@ SELECT todos.id, todos.id IN (SELECT id FROM extended) AS extended,
 -- name: complete
 -- Mark a todo done with its result, and unblock the todos waiting for it (their last parent
 -- done, they are claimable now, in the same statement), found through todo_edges: one probe
--- of its primary key for a todo without children. Guard: claimed, same owner. A child whose
+-- of its primary key for a todo without children. Guard: claimed, same owner (the receipt and
+-- the credential, when the caller names them: shared.sql). A child whose
 -- creation raced this statement (created while it ran, not in its snapshot) is left to
 -- repair_blocked (sql/operating.sql).
 WITH completed AS (
@@ -60,6 +63,7 @@ UPDATE todos
    SET state = 'done', result = %(result)s::jsonb, lease_expires_at = NULL,
        completed_at = now(), updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+   AND {{under_receipt(todos)}} AND {{credential_holds}}
 RETURNING *
 ),
 waiting AS MATERIALIZED ({{locked_in_order(SELECT child_id FROM todo_edges WHERE parent_id = ANY (ARRAY(SELECT id FROM completed)))}}),
@@ -119,11 +123,13 @@ SELECT id, false AS done
 -- new turn (fair_turn): behind the todos its key already has waiting, as a new one would.
 -- %(delays)s is the backoff schedule, one entry per attempt; the last entry repeats. The todo
 -- is locked first ("held"), so that its entry in the failure history is written with the
--- owner and attempt that ended.
+-- owner and attempt that ended. Guard: claimed, same owner; the credential, when the caller
+-- names one.
 WITH held AS MATERIALIZED (
     SELECT id, owner, attempt, claimed_at
       FROM todos
      WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+       AND {{credential_holds}}
        FOR NO KEY UPDATE
 ),
 entry AS MATERIALIZED ({{error_entries(held, owner, %(error)s::jsonb)}}),
@@ -178,6 +184,7 @@ SELECT * FROM failed
 -- Give the lease back without using up an attempt; claimable again after %(delay)s (zero: at
 -- once), as a due todo: behind work already waiting, found by the scan of due todos whatever
 -- the claim's low-water marks. With a fair key, it takes a new turn, as a retry does (fail).
+-- Guard: claimed, same owner; the receipt and the credential, when the caller names them.
 WITH released AS (
 UPDATE todos
    SET state = 'pending',
@@ -189,6 +196,7 @@ UPDATE todos
                  ELSE fair_at END,
        updated_at = now()
  WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+   AND {{under_receipt(todos)}} AND {{credential_holds}}
 RETURNING *
 ),
 notified AS (

@@ -297,6 +297,7 @@ RETURNING *;
 -- name: classify_miss
 -- Read what a guarded statement saw for each of %(ids)s, to say why it touched no row.
 SELECT id, state, owner, assignee, queue, idempotency_key, concurrency_key, attempt, max_attempts,
+       claimed_at,
        next_retry_at, next_retry_at > now() AS waiting,
        lease_expires_at, lease_expires_at <= now() AS lease_lapsed,
        {{cancelled_hold(todos)}} AS cancelled_hold, result ->> 'message' AS cancel_reason,

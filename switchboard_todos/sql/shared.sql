@@ -79,6 +79,25 @@ coalesce(greatest(
       LIMIT 1)),
     now())
 
+-- fragment: credential_holds
+-- The caller's credential still holds, if it names one: the agent %(owner)s is active under
+-- the salt %(credential)s, which every rotation and revocation of its credentials replaces
+-- (agents/accounts.py). The remote surfaces name the one they read, maybe seconds ago
+-- (agents/service/identity.py), so that a revoked agent's very next statement acts on nothing
+-- without a statement of its own to check it. In-process callers name none (null).
+(%(credential)s::text IS NULL OR EXISTS (
+     SELECT FROM todo_agents AS agent
+      WHERE agent.name = (SELECT %(owner)s::text) AND agent.is_active
+        AND agent.credential_salt = %(credential)s))
+
+-- fragment: under_receipt(todo)
+-- `todo` is held under the receipt the caller names, if it names one: the attempt
+-- %(receipt_attempt)s and the moment of the claim %(receipt_claimed_at)s (an SQS receipt
+-- handle's, sqs/messages.py), so that the handle of an earlier receipt of the same message acts
+-- on nothing. Without a receipt (null), any claim of the owner's will do.
+(%(receipt_attempt)s::int IS NULL
+ OR $todo.attempt = %(receipt_attempt)s AND $todo.claimed_at = %(receipt_claimed_at)s)
+
 -- fragment: cancelled_hold(todo)
 -- `todo` was cancelled by an operator while its owner held it: a dead letter whose result is
 -- the cancel's error and which, alone of the dead letters, keeps its owner (fail, the reaper

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from switchboard_todos import validation
 from switchboard_todos.exceptions import InvalidTodo
+from switchboard_todos.managers import Receipt
 from switchboard_todos.models import Todo
 
 #: The kind of the todos SendMessage makes.
@@ -43,10 +44,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-class Receipt(NamedTuple):
+class Handle(NamedTuple):
+    """What a receipt handle names: a todo, and the claim it was received by."""
+
     todo_id: str
-    attempt: int
-    claimed_at: datetime
+    receipt: Receipt
 
 
 def checked_attributes(value: object) -> dict[str, dict[str, str]]:
@@ -172,16 +174,17 @@ def receipt_for(todo: Todo) -> str:
     return base64.urlsafe_b64encode(f"{todo.id} {todo.attempt} {claimed}".encode()).decode()
 
 
-def read_receipt(handle: object) -> Receipt | None:
-    """The receipt a handle names, or None for something that is not a handle."""
+def read_receipt(handle: object) -> Handle | None:
+    """The todo and receipt a handle names, or None for something that is not a handle."""
     if not isinstance(handle, str) or len(handle) > 300:
         return None
     try:
         text = base64.urlsafe_b64decode(handle.encode()).decode()
         todo_id, attempt, claimed = text.rsplit(" ", 2)
         # An id no todo can have (a NUL, which PostgreSQL's text refuses) names no receipt.
-        return Receipt(
-            validation.todo_id(todo_id), int(attempt), _EPOCH + int(claimed) * _MICROSECOND
+        return Handle(
+            validation.todo_id(todo_id),
+            Receipt(int(attempt), _EPOCH + int(claimed) * _MICROSECOND),
         )
     except (binascii.Error, ValueError, OverflowError, InvalidTodo):
         return None

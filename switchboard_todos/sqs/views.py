@@ -26,15 +26,15 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.db.models import prefetch_related_objects
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from switchboard_todos import faults, placement, validation
+from switchboard_todos import faults, validation
 from switchboard_todos.agents import errors, request_cap, serialize, service
-from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
+from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError
 from switchboard_todos.models import Agent, Todo, known_history
 from switchboard_todos.sqs import attributes, messages, queue_urls, signing, titles
 
@@ -94,7 +94,7 @@ async def endpoint(request: HttpRequest, queue: str | None = None) -> HttpRespon
         body = request.body
         if len(body) > MAX_BODY:
             return body_too_large()
-        agent, params = await sync_to_async(_signed)(request, body)
+        agent, params = await sync_to_async(_signed)(request, body, action in RECOGNISED)
         with request_cap.admitted(agent):  # past the agent's cap, RequestThrottled
             return _answer(200, await action(agent, params, request))
     except signing.SigningError as error:
@@ -129,14 +129,16 @@ def _action(request: HttpRequest) -> Action:
     return action
 
 
-def _signed(request: HttpRequest, body: bytes) -> tuple[Agent, dict[str, Any]]:
-    """On a thread: the agent that signed the request, then its parameters, parsed only for a
-    signed request and never on the event loop."""
+def _signed(request: HttpRequest, body: bytes, recognised: bool) -> tuple[Agent, dict[str, Any]]:
+    """On a thread: the agent that signed the request (`recognised`: as read lately, for the
+    actions in RECOGNISED), then its parameters, parsed only for a signed request and never on
+    the event loop."""
     agent = signing.verify(
         method=request.method or "POST",
         url=request.build_absolute_uri(),
         headers=dict(request.headers),
         body=body,
+        recognised=recognised,
     )
     return agent, _params(body)
 
@@ -410,68 +412,46 @@ SYSTEM_ATTRIBUTES: dict[str, Callable[[Todo], str]] = {
 # The holder's verbs
 
 
-def _held(agent: Agent, handle: object, alias: str) -> str:
-    """The id of the todo `handle` names, locked, if `agent` held it under that receipt (in
-    database `alias`, where the queue lives).
-
-    The lease's holder and state are checked by the guarded transition that follows, which
-    says why it missed (a message an operator cancelled: MessageNotInflight); the receipt (the
-    attempt and the moment of the claim) is checked here, under the row lock, so that a handle
-    from an earlier receipt of the same message cannot act on the current one.
-    """
-    receipt = messages.read_receipt(handle)
-    if receipt is None:
+def _handle(handle: object) -> messages.Handle:
+    """The todo and receipt `handle` names, or ReceiptHandleIsInvalid."""
+    named = messages.read_receipt(handle)
+    if named is None:
         raise SQSError("ReceiptHandleIsInvalid", f"The receipt handle {handle!r:.60} is not valid.")
-    held = (
-        Todo.objects.using(alias)
-        .select_for_update()
-        .filter(
-            pk=receipt.todo_id,
-            owner=agent.name,
-            attempt=receipt.attempt,
-            claimed_at=receipt.claimed_at,
-        )
-        .exists()
-    )
-    if not held:
-        raise TodoNotFound(
-            f"The receipt handle has expired: message {receipt.todo_id} is not held under it."
-        )
-    return receipt.todo_id
+    return named
 
 
-def _delete(agent: Agent, handle: object, queue: str) -> None:
-    alias = placement.database_for(queue)
-    with transaction.atomic(using=alias):
-        service.complete(agent, _held(agent, handle, alias))
+def _delete(agent: Agent, handle: object) -> None:
+    """One statement: the complete of the todo, guarded by the receipt (a handle from an
+    earlier receipt of the same message acts on nothing: ReceiptHandleIsInvalid)."""
+    named = _handle(handle)
+    service.complete(agent, named.todo_id, receipt=named.receipt)
 
 
-def _change_visibility(agent: Agent, handle: object, timeout: object, queue: str) -> None:
+def _change_visibility(agent: Agent, handle: object, timeout: object) -> None:
+    """One statement: a release (0) or a heartbeat, guarded by the receipt."""
     if type(timeout) is not int or not 0 <= timeout <= 43200:
         raise SQSError("InvalidParameterValue", "VisibilityTimeout must be from 0 to 43200.")
-    alias = placement.database_for(queue)
-    with transaction.atomic(using=alias):
-        todo_id = _held(agent, handle, alias)
-        if timeout == 0:
-            service.release(agent, todo_id)
-        else:
-            service.heartbeat(agent, todo_id, timeout)
+    named = _handle(handle)
+    if timeout == 0:
+        service.release(agent, named.todo_id, receipt=named.receipt)
+    else:
+        service.heartbeat(agent, named.todo_id, timeout, receipt=named.receipt)
 
 
 async def delete_message(
     agent: Agent, params: dict[str, Any], request: HttpRequest
 ) -> dict[str, Any]:
-    queue = _queue(params)
-    await sync_to_async(_delete)(agent, params.get("ReceiptHandle"), queue)
+    _queue(params)
+    await sync_to_async(_delete)(agent, params.get("ReceiptHandle"))
     return {}
 
 
 async def change_message_visibility(
     agent: Agent, params: dict[str, Any], request: HttpRequest
 ) -> dict[str, Any]:
-    queue = _queue(params)
+    _queue(params)
     await sync_to_async(_change_visibility)(
-        agent, params.get("ReceiptHandle"), params.get("VisibilityTimeout"), queue
+        agent, params.get("ReceiptHandle"), params.get("VisibilityTimeout")
     )
     return {}
 
@@ -499,7 +479,7 @@ def _batch(
 async def delete_message_batch(
     agent: Agent, params: dict[str, Any], request: HttpRequest
 ) -> dict[str, Any]:
-    run = _batch(params, lambda entry, queue: _delete(agent, entry.get("ReceiptHandle"), queue))
+    run = _batch(params, lambda entry, queue: _delete(agent, entry.get("ReceiptHandle")))
     return await sync_to_async(run)()
 
 
@@ -509,7 +489,7 @@ async def change_message_visibility_batch(
     run = _batch(
         params,
         lambda entry, queue: _change_visibility(
-            agent, entry.get("ReceiptHandle"), entry.get("VisibilityTimeout"), queue
+            agent, entry.get("ReceiptHandle"), entry.get("VisibilityTimeout")
         ),
     )
     return await sync_to_async(run)()
@@ -537,4 +517,15 @@ ACTIONS: dict[str, Action] = {
     "ChangeMessageVisibility": change_message_visibility,
     "ChangeMessageVisibilityBatch": change_message_visibility_batch,
     "PurgeQueue": purge_queue,
+}
+#: The actions whose statements check the agent's credential themselves (the claim, and the
+#: holder's verbs): their agent is recognised (agents/service/identity.py), one statement
+#: fewer a request. The others read the agent's grants and are answered from them: the agent
+#: is read anew for each.
+RECOGNISED = {
+    receive_message,
+    delete_message,
+    delete_message_batch,
+    change_message_visibility,
+    change_message_visibility_batch,
 }

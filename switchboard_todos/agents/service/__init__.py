@@ -11,7 +11,8 @@ checked here and nowhere else:
   holds; any other todo answers exactly as an unknown id does (TodoNotFound), so that an
   agent cannot learn what other queues hold.
 
-One module per family of verbs: `identity` (authenticate), `reading` (list and get),
+One module per family of verbs: `identity` (authenticate, and recognise for the verbs whose
+statement checks the credential itself), `reading` (list and get),
 `claiming`, `holding` (heartbeat, complete, fail, release) and `creating` (a todo, a plan);
 beside them `visibility` (what an agent may see, and in which databases), `quotas` (held todos,
 creations and bytes of JSON a minute, attempts) and `twins`. Every verb has an `a`-prefixed
@@ -47,7 +48,12 @@ from switchboard_todos.agents.service.holding import (
     heartbeat,
     release,
 )
-from switchboard_todos.agents.service.identity import aauthenticate, authenticate, check_shape
+from switchboard_todos.agents.service.identity import (
+    aauthenticate,
+    authenticate,
+    check_shape,
+    recognise,
+)
 from switchboard_todos.agents.service.quotas import HELD_RETRY_MAX
 from switchboard_todos.agents.service.reading import (
     CURSOR_PATTERN,
@@ -90,5 +96,6 @@ __all__ = [
     "handing_over",
     "heartbeat",
     "list_todos",
+    "recognise",
     "release",
 ]

@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 
 from switchboard_todos import placement, validation
 from switchboard_todos.agents import long_poll_cap
-from switchboard_todos.agents.service import quotas, visibility
+from switchboard_todos.agents.service import identity, quotas, visibility
 from switchboard_todos.claims import long_polls
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict, TodoNotFound
 from switchboard_todos.managers import TodoManager, run_now
@@ -60,8 +60,15 @@ def claim(
         if claimed or not seconds:
             return claimed
         if len(placed) == 1:
+            [alias] = placed
             return Todo.objects.claim_batch(
-                names, agent.name, ttl, count, wait=seconds, max_held=quota
+                names,
+                agent.name,
+                ttl,
+                count,
+                wait=seconds,
+                max_held=quota,
+                credential=identity.credential(agent, alias),
             )
         return run_now(_claim_across(agent, placed, ttl, seconds, count, quota, blocking=True))
 
@@ -100,8 +107,16 @@ async def aclaim(
         if claimed:
             return claimed
         if len(placed) == 1:
+            [alias] = placed
+            credential = await sync_to_async(identity.credential)(agent, alias)
             return await Todo.objects.aclaim_batch(
-                names, agent.name, ttl, count, wait=seconds, max_held=quota
+                names,
+                agent.name,
+                ttl,
+                count,
+                wait=seconds,
+                max_held=quota,
+                credential=credential,
             )
         return await _claim_across(agent, placed, ttl, seconds, count, quota, blocking=False)
 
@@ -130,10 +145,13 @@ def _claim_now(
     its quota; Throttled when it claimed nothing because the agent holds that many already.
 
     A claim that would wait claims this way first, so that an agent at its quota is answered
-    at once rather than at the end of a wait that could bring it nothing.
+    at once rather than at the end of a wait that could bring it nothing. The claims check the
+    agent's credential in their statements (identity.credential): nothing claimed, it is
+    checked on its own, so that a revoked agent is refused rather than told there is nothing.
     """
     claimed = _claim_each(agent, placed, ttl, count, quota)
     if not claimed:
+        identity.check(agent)
         quotas.refuse_at_held_quota(agent, list(placed), quota)
     return claimed
 
@@ -170,10 +188,14 @@ async def _claim_across(
         alias, names = next(turns)
         todos, wait = Todo.objects.db_manager(alias), min(remaining, ACROSS_WAIT)
         if blocking:
-            claimed = todos.claim_batch(names, agent.name, ttl, count, wait=wait, max_held=quota)
+            credential = identity.credential(agent, alias)
+            claimed = todos.claim_batch(
+                names, agent.name, ttl, count, wait=wait, max_held=quota, credential=credential
+            )
         else:
+            credential = await sync_to_async(identity.credential)(agent, alias)
             claimed = await todos.aclaim_batch(
-                names, agent.name, ttl, count, wait=wait, max_held=quota
+                names, agent.name, ttl, count, wait=wait, max_held=quota, credential=credential
             )
         if claimed:
             return claimed
@@ -189,7 +211,12 @@ def _claim_each(
         if len(claimed) >= count:
             break
         claimed += Todo.objects.db_manager(alias).claim_batch(
-            names, agent.name, ttl, count - len(claimed), max_held=quota
+            names,
+            agent.name,
+            ttl,
+            count - len(claimed),
+            max_held=quota,
+            credential=identity.credential(agent, alias),
         )
     return claimed
 

@@ -10,32 +10,55 @@ from collections.abc import Callable
 from typing import Any
 
 from switchboard_todos import validation
-from switchboard_todos.agents.service import quotas, visibility
+from switchboard_todos.agents.service import identity, quotas, visibility
 from switchboard_todos.agents.service.twins import twin
 from switchboard_todos.exceptions import TodoConflict, TodoNotFound
-from switchboard_todos.managers import TodoManager
+from switchboard_todos.managers import Receipt, TodoManager
 from switchboard_todos.models import Agent, Todo
 from switchboard_todos.validation import Seconds
 
 
-def heartbeat(agent: Agent, todo_id: str, ttl: Seconds | None, progress: Any = None) -> Todo:
+def heartbeat(
+    agent: Agent,
+    todo_id: str,
+    ttl: Seconds | None,
+    progress: Any = None,
+    *,
+    receipt: Receipt | None = None,
+) -> Todo:
     """Extend the lease on a todo the agent holds to `ttl` from now; `progress` (any JSON
-    value) becomes its latest progress note. TodoCancelled: an operator cancelled it."""
+    value) becomes its latest progress note. TodoCancelled: an operator cancelled it. With a
+    `receipt`, only under that claim (SQS's receipt handles)."""
     checked = validation.arguments(ttl=ttl, progress=progress)
     note = _checked(checked["progress"])
     return _as_holder(
         agent,
         todo_id,
         note,
-        lambda todos, held: todos.heartbeat(held, agent.name, checked["ttl"], progress=note),
+        lambda todos, held: todos.heartbeat(
+            held,
+            agent.name,
+            checked["ttl"],
+            progress=note,
+            receipt=receipt,
+            credential=identity.credential(agent, todos.db),
+        ),
     )
 
 
-def complete(agent: Agent, todo_id: str, result: Any = None) -> Todo:
-    """Mark a todo the agent holds done, with `result` (any JSON value)."""
+def complete(
+    agent: Agent, todo_id: str, result: Any = None, *, receipt: Receipt | None = None
+) -> Todo:
+    """Mark a todo the agent holds done, with `result` (any JSON value); with a `receipt`, only
+    under that claim."""
     text = _checked(validation.result(result))
     return _as_holder(
-        agent, todo_id, text, lambda todos, held: todos.complete(held, agent.name, text)
+        agent,
+        todo_id,
+        text,
+        lambda todos, held: todos.complete(
+            held, agent.name, text, receipt=receipt, credential=identity.credential(agent, todos.db)
+        ),
     )
 
 
@@ -47,14 +70,32 @@ def fail(agent: Agent, todo_id: str, error: Any = None, retry_in: Seconds | None
         agent,
         todo_id,
         text,
-        lambda todos, held: todos.fail(held, agent.name, text, checked["retry_in"]),
+        lambda todos, held: todos.fail(
+            held,
+            agent.name,
+            text,
+            checked["retry_in"],
+            credential=identity.credential(agent, todos.db),
+        ),
     )
 
 
-def release(agent: Agent, todo_id: str, delay: Seconds | None = None) -> Todo:
-    """Give the lease back, claimable again after `delay`; the attempt is not counted."""
+def release(
+    agent: Agent, todo_id: str, delay: Seconds | None = None, *, receipt: Receipt | None = None
+) -> Todo:
+    """Give the lease back, claimable again after `delay`; the attempt is not counted. With a
+    `receipt`, only under that claim."""
     return _as_holder(
-        agent, todo_id, None, lambda todos, held: todos.release(held, agent.name, delay)
+        agent,
+        todo_id,
+        None,
+        lambda todos, held: todos.release(
+            held,
+            agent.name,
+            delay,
+            receipt=receipt,
+            credential=identity.credential(agent, todos.db),
+        ),
     )
 
 
@@ -71,7 +112,9 @@ def _as_holder(
 ) -> Todo:
     """Run a holder's transition, once the JSON it writes (`written`) is counted against the
     agent's quota of bytes (quotas.count_bytes; counted, whatever the transition answers); a
-    conflict over a todo the agent may not see is a 404.
+    conflict over a todo the agent may not see is a 404. The transition's statement checks the
+    agent's credential (identity.credential): when it acted on nothing, the credential is
+    checked before the miss is explained, so a revoked agent learns that first.
 
     With several databases, the todo is first looked for (one query per database).
     """
@@ -88,7 +131,11 @@ def _as_holder(
     todos = Todo.objects.db_manager(aliases[0])
     try:
         return transition(todos, checked)
+    except TodoNotFound:
+        identity.check(agent)
+        raise
     except TodoConflict:
+        identity.check(agent)
         if not todos.filter(visibility.visible_to(agent), pk=checked).exists():
             raise TodoNotFound(checked) from None
         raise

@@ -1,17 +1,42 @@
-"""Who is calling: the active agent a bearer token belongs to."""
+"""Who is calling: the active agent a bearer token (or an SQS access key) belongs to.
+
+`authenticate` reads the agent at every call: one statement. `recognise` is for the verbs whose
+own statement checks the agent's credential (claims from queues, heartbeat, complete, fail,
+release: their `credential_holds` guard, sql/shared.sql): it answers with the agent as this
+process read it at most SWITCHBOARD_TODOS_AGENT_CACHE_SECONDS ago, so that such a request is
+one statement, not two. Revocation stays exact: a revoked or rotated credential's salt no
+longer matches, the verb's statement acts on nothing, and the service then `check`s the
+credential and refuses it (NotAuthenticated), forgetting what it had read. What can be
+seconds old is only what the agent may do (its grants and quotas), as an operator changed it.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 from django.db import connections, router
 
 from switchboard_todos import cursors
 from switchboard_todos.agents import errors, tokens
 from switchboard_todos.agents.service.twins import twin
+from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import NotAuthenticated
 from switchboard_todos.models import Agent
 from switchboard_todos.sql import agent_queries
+
+#: Most agents one process keeps read (`recognise`); past it, what has expired is dropped
+#: first, then the oldest.
+MAX_RECOGNISED = 1024
+
+
+class _Read(NamedTuple):
+    agent: Agent
+    until: float
+
+
+#: What `recognise` read, by token hash (or "sqs:" and the access key id), until when.
+_recognised: dict[str, _Read] = {}
 
 
 def authenticate(token: str | None) -> Agent:
@@ -19,7 +44,85 @@ def authenticate(token: str | None) -> Agent:
     that is refused)."""
     check_shape(token)
     assert token is not None
+    return _authenticated(tokens.token_hash(token))
+
+
+def recognise(token: str | None) -> Agent:
+    """`authenticate`, answered from what this process read of the agent within
+    SWITCHBOARD_TODOS_AGENT_CACHE_SECONDS: only for a verb whose statement is given
+    `credential(agent, alias)` and which `check`s the credential when it acts on nothing."""
+    check_shape(token)
+    assert token is not None
     token_hash = tokens.token_hash(token)
+    read = _recognised.get(token_hash)
+    if read is not None and read.until > time.monotonic():
+        return read.agent
+    agent = _authenticated(token_hash)
+    _remember(token_hash, agent)
+    return agent
+
+
+def recognise_named(name: str) -> Agent | None:
+    """The active agent named `name` (an SQS access key id), as `recognise` reads it; None when
+    there is none. `forget_named` drops it, so that a signature made with a credential newer
+    than the one read is checked against the agent as it is now."""
+    key = f"sqs:{name}"
+    read = _recognised.get(key)
+    if read is not None and read.until > time.monotonic():
+        return read.agent
+    agent = Agent.objects.filter(name=name, is_active=True).first()
+    if agent is not None:
+        _remember(key, agent)
+    return agent
+
+
+def forget_named(name: str) -> None:
+    _recognised.pop(f"sqs:{name}", None)
+
+
+def forget() -> None:
+    """Forget every agent read: each is read again at its next request."""
+    _recognised.clear()
+
+
+def credential(agent: Agent, alias: str) -> str | None:
+    """What a verb's statement in database `alias` checks of `agent`'s credential: its salt,
+    where the agents' table is (one database, or the agents' own). In any other database the
+    credential is checked first, by a statement of its own, and the verb's statement checks
+    nothing."""
+    if alias == router.db_for_write(Agent):
+        return agent.credential_salt
+    check(agent)
+    return None
+
+
+def check(agent: Agent) -> None:
+    """Refuse `agent` (NotAuthenticated) unless it is still active under the credential it was
+    read with, and forget what was read of it: its next request reads it again. One
+    statement."""
+    alias = router.db_for_write(Agent)
+    with cursors.cursor(connections[alias]) as cursor:
+        cursor.execute(
+            agent_queries["check_credential"],
+            {"name": agent.name, "credential": agent.credential_salt},
+        )
+        row = cursor.fetchone()
+    if row is None or not row[0]:
+        for key, read in tuple(_recognised.items()):  # a copy: other threads change it
+            if read.agent.name == agent.name:
+                _recognised.pop(key, None)
+        raise NotAuthenticated(f"The credentials of agent {agent.name!r} were revoked or rotated.")
+
+
+def check_shape(token: str | None) -> None:
+    """Refuse a missing or malformed token, without the database (NotAuthenticated)."""
+    if not token:
+        raise NotAuthenticated(errors.NO_TOKEN)
+    if not isinstance(token, str) or not tokens.well_formed(token):
+        raise NotAuthenticated("Unknown token.")
+
+
+def _authenticated(token_hash: str) -> Agent:
     agent = _agent_by_hash(token_hash)
     if agent is None:
         revoked = Agent.objects.filter(token_hash=tokens.REVOKED + token_hash)
@@ -32,12 +135,18 @@ def authenticate(token: str | None) -> Agent:
     return agent
 
 
-def check_shape(token: str | None) -> None:
-    """Refuse a missing or malformed token, without the database (NotAuthenticated)."""
-    if not token:
-        raise NotAuthenticated(errors.NO_TOKEN)
-    if not isinstance(token, str) or not tokens.well_formed(token):
-        raise NotAuthenticated("Unknown token.")
+def _remember(key: str, agent: Agent) -> None:
+    seconds = conf.AGENT_CACHE_SECONDS
+    if seconds <= 0:
+        return
+    now = time.monotonic()
+    if len(_recognised) >= MAX_RECOGNISED:
+        for stale, read in tuple(_recognised.items()):
+            if read.until <= now:
+                _recognised.pop(stale, None)
+        while len(_recognised) >= MAX_RECOGNISED:
+            _recognised.pop(next(iter(tuple(_recognised))), None)
+    _recognised[key] = _Read(agent, now + seconds)
 
 
 def _agent_by_hash(token_hash: str) -> Agent | None:
@@ -57,3 +166,4 @@ def _agent_by_hash(token_hash: str) -> Agent | None:
 
 
 aauthenticate = twin(authenticate)
+arecognise = twin(recognise)
