@@ -321,7 +321,8 @@ def test_an_agent_reads_and_waits_for_the_work_it_handed_out(open_session: Opene
     and wait_for_todo answers it done, with its result."""
 
     def work_it() -> None:
-        todo = Todo.objects.claim_next("handoff", "worker", 30)
+        # With a wait: a claim skips the row a waiter's mark (await_todo) locks for a moment.
+        todo = Todo.objects.claim_next("handoff", "worker", 30, wait=10)
         assert todo is not None
         Todo.objects.complete(todo.id, "worker", {"ok": True})
 

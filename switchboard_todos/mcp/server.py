@@ -511,9 +511,17 @@ TOOLS = {
 
 
 def build_server(agent: AgentSource) -> MCPServer:
-    """An MCP server with the queue's tools, each acting as the agent `agent` returns."""
+    """An MCP server with the queue's tools, each acting as the agent `agent` returns, and MCP
+    Tasks over the todos they create (mcp/tasks.py)."""
+    from switchboard_todos.mcp.tasks import tasks_of  # it builds on this module's helpers
+
+    middleware, extension = tasks_of(agent)
     server: MCPServer = MCPServer(
-        "switchboard-todos", version=__version__, instructions=INSTRUCTIONS
+        "switchboard-todos",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        middleware=[middleware],
+        extensions=[extension],
     )
     tools = Tools(agent)
     for name, hints in TOOLS.items():

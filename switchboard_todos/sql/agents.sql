@@ -78,3 +78,12 @@ SELECT count(*) AS held,
        extract(epoch FROM min(lease_expires_at) - now())::float8 AS first_lease_ends_in
   FROM todos
  WHERE state = 'claimed' AND owner = %(owner)s;
+
+-- name: create_task
+-- An MCP task (agents/service/tasks.py) of agent %(agent)s for todo %(todo_id)s, which its
+-- call of tool %(tool)s made (%(created)s: created, not found by its key), kept %(ttl_ms)s milliseconds from now (the
+-- database's clock, as every time of its todo); the id is the caller's random one.
+INSERT INTO todo_tasks (id, agent, todo_id, tool, created, keep_until)
+VALUES (%(id)s, %(agent)s, %(todo_id)s, %(tool)s, %(created)s,
+        now() + %(ttl_ms)s * interval '1 millisecond')
+RETURNING id, agent, todo_id, tool, created, created_at, keep_until;
