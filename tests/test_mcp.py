@@ -37,6 +37,7 @@ from devtools.database import free_port
 from example_project.mcp_agent import connect
 from switchboard_todos.agents import errors
 from switchboard_todos.agents.accounts import create_agent, revoke
+from switchboard_todos.claims import long_polls
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import Throttled
 from switchboard_todos.mcp.http import HttpsOnly, allowed_hosts, streamable_http
@@ -334,7 +335,10 @@ def test_an_agent_reads_and_waits_for_the_work_it_handed_out(open_session: Opene
         await asyncio.to_thread(on_own_connection, work_it)
         return [read, waited, await waiting]
 
-    read, waited, ended = run(open_session, scenario)
+    try:
+        read, waited, ended = run(open_session, scenario)
+    finally:
+        long_polls.stop()  # the worker's claim listened in this process
     assert (read["state"], waited["state"]) == ("pending", "pending")
     assert (ended["state"], ended["result"]) == ("done", {"ok": True})
 

@@ -10,6 +10,7 @@ own task types, which parse our answers.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -38,12 +39,21 @@ from switchboard_todos import queue_settings
 from switchboard_todos.agents import service
 from switchboard_todos.agents.accounts import create_agent
 from switchboard_todos.agents.service import TASK_PAGE
+from switchboard_todos.claims import long_polls
 from switchboard_todos.models import State, Todo, TodoTask
 from switchboard_todos.upkeep import retention
 from tests import test_mcp
 from tests.test_mcp import Opener, on_own_connection, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _stop_listeners() -> Iterator[None]:
+    """The listeners the workers' claims (with a wait) start in this process, stopped."""
+    yield
+    long_polls.stop()
+
 
 # test_mcp's servers and sessions.
 mcp_url, agent = test_mcp.mcp_url, test_mcp.agent
