@@ -272,7 +272,7 @@ def worked(complete: bool, result: Any = None) -> Todo:
 def test_a_delegated_task_is_streamed_to_its_result(delegating: tuple[TaskClient, str]) -> None:
     """callToolStream of create_for: the task is created, polled while another agent works it,
     and its result is create_for's output, which the SDK holds to the tool's schema: the todo
-    as it ended. getTask, listTasks and getTaskResult agree."""
+    as it ended. Its end is notified; getTask, listTasks and getTaskResult agree."""
     client, _ = delegating
     assert client.capabilities["tasks"]["requests"]["tools"]["call"] == {}
     assert set(client.task_tools) == {"create_for", "create_many"}
@@ -290,6 +290,8 @@ def test_a_delegated_task_is_streamed_to_its_result(delegating: tuple[TaskClient
     assert messages[-2]["type"] == "taskStatus" and messages[-2]["task"]["status"] == "completed"
 
     task_id = created["task"]["taskId"]
+    notified = client.request("notified", taskId=task_id)["answer"]  # on the standalone stream
+    assert notified["status"] == "completed" and notified["taskId"] == task_id
     assert client.request("get", taskId=task_id)["answer"]["status"] == "completed"
     [listed] = client.request("list")["answer"]["tasks"]
     assert listed["taskId"] == task_id

@@ -12,6 +12,13 @@ seams, not a fork:
   `task`, then answers the CreateTaskResult (a middleware's answer is not sieved);
 * `TasksExtension` binds the four `tasks/*` methods (`MethodBinding`), for 2025-11-25 only.
 
+When a task ends, `notifications/tasks/status` goes to its creator's connection, where the
+transport has a channel for it (stdio; streamable HTTP's standalone stream, once the client
+opened it): a watcher per task waits for its todo's end (woken by the ending statement's
+NOTIFY, as `wait_for`), at most SWITCHBOARD_TODOS_AGENT_MAX_WAITS of an agent at once in a
+process (past that, its tasks are only polled), each until the task's ttl or the connection's
+end, whichever comes first.
+
 A task's state is its todo's: pending or claimed is `working` (the holder's latest progress
 note as `statusMessage`), done `completed`, a dead letter `failed` (its last error as
 `statusMessage`), one cancelled (by an operator, or through `tasks/cancel`) `cancelled`. Its
@@ -24,8 +31,10 @@ INVALID_PARAMS, as the protocol says.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -48,10 +57,12 @@ from mcp.types import (
     TaskStatusNotificationParams,
 )
 
-from switchboard_todos import faults
+from switchboard_todos import endings, faults
 from switchboard_todos.agents import disconnects, errors, request_cap, service
+from switchboard_todos.agents.caps import AgentCap
 from switchboard_todos.agents.serialize import TodoJSON, atodos_json
 from switchboard_todos.agents.service.tasks import AgentTask
+from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import (
     InvalidTodo,
     Throttled,
@@ -66,7 +77,7 @@ from switchboard_todos.mcp.server import (
     problem_text,
     request_scope,
 )
-from switchboard_todos.models import Agent
+from switchboard_todos.models import Agent, Todo
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +91,13 @@ CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"
 POLL_INTERVAL = 1000
 #: The `_meta` key that ties a result to its task.
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+#: The longest one wait of a watcher (the todo is marked awaited again after each).
+WATCH_STEP = 3600.0
+
+#: The watchers of the tasks of each agent in this process, at most AGENT_MAX_WAITS.
+_watchers = AgentCap(lambda: conf.AGENT_MAX_WAITS, lambda name, cap: "")
+#: The running watchers, kept from the garbage collector until they end.
+_watching: set[asyncio.Task[None]] = set()
 
 
 def status_of(todo: TodoJSON) -> tuple[str, str | None]:
@@ -173,6 +191,7 @@ class Tasks:
         created = made["created"] if name == "create_for" else made["todos"][-1]["created"]
         async with self._serving() as agent:
             task = await service.astart_task(agent, todo["id"], ttl, name, created)
+        _watch(ctx, agent, task)
         return {"task": task_json(task, todo)}
 
     async def get(
@@ -230,15 +249,55 @@ class Tasks:
         return task_json(task, todo)
 
 
-async def _notify_status(ctx: ServerRequestContext[Any, Any], task: dict[str, Any]) -> None:
-    """`notifications/tasks/status` on the request's stream, where the transport has one."""
+async def _notify_status(
+    ctx: ServerRequestContext[Any, Any], task: dict[str, Any], *, on_request: bool = True
+) -> None:
+    """`notifications/tasks/status` on the request's stream (or the connection's), where the
+    transport has one: best effort, as every notification."""
     notification = TaskStatusNotification(
         method="notifications/tasks/status", params=TaskStatusNotificationParams(**task)
     )
+    related = ctx.request_id if on_request else None
     try:
-        await ctx.session.send_notification(notification, related_request_id=ctx.request_id)  # type: ignore[arg-type]
-    except Exception:  # a status the client cannot take changes nothing of the result
+        await ctx.session.send_notification(notification, related_request_id=related)  # type: ignore[arg-type]
+    except Exception:  # a status the client cannot take changes nothing of the task
         logger.debug("No status notification for task %s", task["taskId"], exc_info=True)
+
+
+def _watch(ctx: ServerRequestContext[Any, Any], agent: Agent, task: AgentTask) -> None:
+    """Notify the connection of `task`'s end: a watcher, ended with the connection (the SDK's
+    per-connection exit stack, `ServerSession._connection`: it offers no public way to it)."""
+    watcher = asyncio.get_running_loop().create_task(_watched(ctx, agent, task))
+    _watching.add(watcher)
+    watcher.add_done_callback(_watching.discard)
+
+    async def stop() -> None:
+        watcher.cancel()
+
+    ctx.session._connection.exit_stack.push_async_callback(stop)
+
+
+async def _watched(ctx: ServerRequestContext[Any, Any], agent: Agent, task: AgentTask) -> None:
+    """Wait for the task's todo to end, within its ttl, and notify its status."""
+    try:
+        with _watchers.admitted(agent.name):
+            kept = (task.task.keep_until - task.task.created_at).total_seconds()
+            deadline, todo = time.monotonic() + kept, task.todo
+            todos = Todo.objects.db_manager(todo._state.db)
+            while todo.state not in endings.ENDED:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                todo = await todos.await_for(todo.id, min(left, WATCH_STEP))
+            async with request_scope():
+                [shaped] = await atodos_json([todo])
+            await _notify_status(
+                ctx, task_json(AgentTask(task.task, todo), shaped), on_request=False
+            )
+    except Throttled:  # as many watchers as the agent may have: this task is polled
+        return
+    except DatabaseError as error:
+        logger.warning("A task's watcher stopped: %s", error)
 
 
 def _wire(result: HandlerResult) -> dict[str, Any]:

@@ -7,13 +7,18 @@
 //       message ({"type": "taskCreated" | "taskStatus" | "result" | "error", ...}), then {"end": true}
 //   {"op": "get" | "result" | "cancel", "taskId": ...}, {"op": "list", "cursor": ...}
 //       -> {"answer": ...} or {"error": {code, message}}
+//   {"op": "notified", "taskId": ...} -> {"answer": the params of the first
+//       notifications/tasks/status of the task}, once it came (on the standalone stream)
 //
 //     node tasks.mjs http://127.0.0.1:8000/mcp sbt_...
 import readline from "node:readline";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { CallToolResultSchema } from "@modelcontextprotocol/sdk/types.js";
+import {
+  CallToolResultSchema,
+  TaskStatusNotificationSchema,
+} from "@modelcontextprotocol/sdk/types.js";
 
 const [url, token] = process.argv.slice(2);
 const write = (line) => process.stdout.write(`${JSON.stringify(line)}\n`);
@@ -23,6 +28,17 @@ const transport = new StreamableHTTPClientTransport(new URL(url), {
   requestInit: { headers: { Authorization: `Bearer ${token}` } },
 });
 const client = new Client({ name: "switchboard-todos-tests", version: "1.0.0" });
+const statuses = new Map(); // taskId -> the first status notified, or the resolvers waiting for it
+client.setNotificationHandler(TaskStatusNotificationSchema, ({ params }) => {
+  const waiting = statuses.get(params.taskId);
+  statuses.set(params.taskId, { params });
+  for (const resolve of Array.isArray(waiting) ? waiting : []) resolve(params);
+});
+const notified = (taskId) => {
+  const known = statuses.get(taskId);
+  if (known && !Array.isArray(known)) return Promise.resolve(known.params);
+  return new Promise((resolve) => statuses.set(taskId, [...(known ?? []), resolve]));
+};
 await client.connect(transport);
 const { tools } = await client.listTools();
 write({
@@ -37,6 +53,7 @@ const requests = {
   result: ({ taskId }) => tasks.getTaskResult(taskId, CallToolResultSchema),
   cancel: ({ taskId }) => tasks.cancelTask(taskId),
   list: ({ cursor }) => tasks.listTasks(cursor),
+  notified: ({ taskId }) => notified(taskId),
 };
 
 for await (const line of readline.createInterface({ input: process.stdin })) {
