@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.db.models.functions import Now
+from django.test import override_settings
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
@@ -36,11 +37,13 @@ from mcp.types import (
 
 from example_project.mcp_agent import connect
 from switchboard_todos import queue_settings
-from switchboard_todos.agents import service
+from switchboard_todos.agents import long_poll_cap, service
 from switchboard_todos.agents.accounts import create_agent
 from switchboard_todos.agents.service import TASK_PAGE
 from switchboard_todos.claims import long_polls
-from switchboard_todos.models import State, Todo, TodoTask
+from switchboard_todos.mcp.server import Tools
+from switchboard_todos.mcp.tasks import Tasks
+from switchboard_todos.models import Agent, State, Todo, TodoTask
 from switchboard_todos.upkeep import retention
 from tests import test_mcp
 from tests.test_mcp import Opener, on_own_connection, run
@@ -259,3 +262,28 @@ def test_retention_keeps_a_tasks_todo_for_its_ttl() -> None:
     TodoTask.objects.update(keep_until=Now() - timedelta(seconds=1))
     assert retention.purge_retained(marks=marks).total == 1
     assert not Todo.objects.exists() and not TodoTask.objects.exists()
+
+
+def test_wait_for_todo_counts_against_the_wait_cap_and_tasks_result_too() -> None:
+    """With the agent's long polls all waiting, wait_for_todo is a throttled tool error and
+    tasks/result the protocol's error that says so; get_todo, which does not wait, answers."""
+    waiter = create_agent("waiter", create_queues=["handoff"])[0]
+    todo, created = service.create_for(waiter, queue="handoff", kind="t.wait")
+    task = service.start_task(waiter, todo.id, 60_000, "create_for", created)
+
+    async def agent() -> Agent:
+        return waiter
+
+    async def scenario() -> list[Any]:
+        tools, tasks = Tools(agent), Tasks(agent)
+        read = await tools.get_todo(todo.id)
+        waited = await tools.wait_for_todo(todo.id, wait=5)
+        with pytest.raises(MCPError) as refused:
+            await tasks.result(None, GetTaskPayloadRequestParams(task_id=task.task.id))  # type: ignore[arg-type]
+        return [read, waited, refused.value.error]
+
+    with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_WAITS=1), long_poll_cap.admitted(waiter, 5):
+        read, waited, refused = asyncio.run(scenario())
+    assert not read.is_error
+    assert waited.is_error and "(429)" in waited.content[0].text
+    assert "already has 1 long polls waiting" in refused.message

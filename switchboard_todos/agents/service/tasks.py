@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 import secrets
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from django.db import connections, router
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
 from switchboard_todos import endings
@@ -162,7 +162,8 @@ async def await_task(agent: Agent, task_id: object) -> AgentTask:
     return AgentTask(task, todo)
 
 
-def _live(agent: Agent) -> Any:
+def _live(agent: Agent) -> QuerySet[TodoTask]:
+    """The agent's tasks whose ttl has not passed (the database's clock)."""
     return TodoTask.objects.filter(agent=agent.name, keep_until__gt=Now())
 
 
