@@ -287,3 +287,33 @@ def test_wait_for_todo_counts_against_the_wait_cap_and_tasks_result_too() -> Non
     assert not read.is_error
     assert waited.is_error and "(429)" in waited.content[0].text
     assert "already has 1 long polls waiting" in refused.message
+
+
+def test_hostile_task_requests_are_the_protocols_errors(http_session: Opener) -> None:
+    """A tool that cannot run as a task, a task that is no object, a ttl that is no whole
+    number of milliseconds, a plan that is no list, a task id of any shape or a cursor not
+    tasks/list's: each a JSON-RPC error, and nothing created."""
+
+    async def scenario(session: ClientSession) -> list[int]:
+        send = session._dispatcher.send_raw_request
+        requests: list[tuple[str, dict[str, Any]]] = [
+            ("tools/call", {"name": "claim", "arguments": {"ttl": 30}, "task": {}}),
+            ("tools/call", {"name": "create_for", "arguments": {"queue": "handoff"}, "task": 1}),
+            (
+                "tools/call",
+                {"name": "create_for", "arguments": {"queue": "handoff"}, "task": {"ttl": -1}},
+            ),
+            ("tools/call", {"name": "create_many", "arguments": [1], "task": {}}),
+            ("tasks/get", {"taskId": "tk_" + "x" * 5000}),
+            ("tasks/cancel", {"taskId": "td_1"}),
+            ("tasks/list", {"cursor": "1:tk_nope"}),
+        ]
+        codes = []
+        for method, params in requests:
+            with pytest.raises(MCPError) as refused:
+                await send(method, params, {})
+            codes.append(refused.value.error.code)
+        return codes
+
+    assert run(http_session, scenario) == [-32601, -32602, -32602, -32602, -32602, -32602, -32602]
+    assert not Todo.objects.exists() and not TodoTask.objects.exists()

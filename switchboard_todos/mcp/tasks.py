@@ -95,7 +95,10 @@ RELATED_TASK = "io.modelcontextprotocol/related-task"
 WATCH_STEP = 3600.0
 
 #: The watchers of the tasks of each agent in this process, at most AGENT_MAX_WAITS.
-_watchers = AgentCap(lambda: conf.AGENT_MAX_WAITS, lambda name, cap: "")
+_watchers = AgentCap(
+    lambda: conf.AGENT_MAX_WAITS,
+    lambda name, cap: f"Agent {name!r} has {cap} tasks watched here: its others are polled.",
+)
 #: The running watchers, kept from the garbage collector until they end.
 _watching: set[asyncio.Task[None]] = set()
 
@@ -177,8 +180,9 @@ class Tasks:
             raise MCPError(INVALID_PARAMS, "task must be an object: {ttl}.")
         try:
             ttl = service.ttl_ms(requested.get("ttl"))
-            if name == "create_many":
-                service.check_merging_plan((params.get("arguments") or {}).get("todos"))
+            arguments = params.get("arguments")
+            if name == "create_many" and isinstance(arguments, Mapping):
+                service.check_merging_plan(arguments.get("todos"))
         except InvalidTodo as error:
             raise MCPError(INVALID_PARAMS, str(error)) from None
         answer = _wire(await call_next(replace(ctx, params=params)))
