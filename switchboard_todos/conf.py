@@ -67,6 +67,10 @@ DEFAULTS: dict[str, Any] = {
     # complete what they bring), todos held at once, todos created per minute, and the highest
     # max_attempts it may give a todo.
     "AGENT_MAX_WAITS": 8,
+    # Longest an MCP task (a task-augmented create_for or create_many) is kept, in seconds:
+    # the most a client's `ttl` gets, and what a task without one gets. Its todo is not purged
+    # before then, whatever the retention.
+    "TASK_TTL_MAX": 7 * 24 * 3600,
     "AGENT_MAX_SESSIONS": 8,
     "AGENT_MAX_CONCURRENT": 16,
     "AGENT_MAX_HELD": 100,
@@ -219,6 +223,10 @@ class Settings:
     @property
     def AGENT_CACHE_SECONDS(self) -> float:
         return float(self._get("AGENT_CACHE_SECONDS"))
+
+    @property
+    def TASK_TTL_MAX(self) -> int:
+        return int(self._get("TASK_TTL_MAX"))
 
     @property
     def AGENT_MAX_SESSIONS(self) -> int:

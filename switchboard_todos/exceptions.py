@@ -19,6 +19,14 @@ class TodoNotFound(TodoError, LookupError):
         super().__init__(f"Todo {todo_id!r} does not exist.")
 
 
+class TaskNotFound(TodoNotFound):
+    """No MCP task of the calling agent has the given id (another agent's answers the same)."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id)
+        self.args = (f"Task {task_id!r} does not exist.",)
+
+
 class TodoConflict(TodoError):
     """The todo exists but its state or owner does not allow the transition."""
 

@@ -392,6 +392,16 @@ def test_get_todo_answers_another_queue_as_an_unknown_id(
         service.get_todo(agent, hidden.id)
 
 
+def test_get_todo_reads_the_todos_the_agent_created_wherever_they_went(agent: Agent) -> None:
+    """A todo an agent handed to a queue it does not claim from, even assigned to another
+    agent, is the creator's to read; for another agent it stays an unknown id."""
+    other = accounts.create_agent("other", claim_queues=["work"])[0]
+    todo, _ = service.create_for(agent, queue="inbox", kind="k", assignee="x")
+    assert service.get_todo(agent, todo.id).id == todo.id
+    with pytest.raises(TodoNotFound):
+        service.get_todo(other, todo.id)
+
+
 # Creating
 
 

@@ -81,6 +81,7 @@ def test_e001_from_manage_py_check_with_sqlite(tmp_path: Any) -> None:
         ("AGENT_MAX_HELD", True, "switchboard_todos.E019"),
         ("AGENT_MAX_CREATES_PER_MINUTE", 0, "switchboard_todos.E023"),
         ("AGENT_MAX_ATTEMPTS", 2.0, "switchboard_todos.E024"),
+        ("TASK_TTL_MAX", 0, "switchboard_todos.E044"),
         ("DATABASE_OPTIONS", "connect_timeout=5", "switchboard_todos.E040"),
         ("DATABASE_OPTIONS", {"statement_timeout": "5 min"}, "switchboard_todos.E040"),
         ("SCHEDULES", {"x": {"cron": "* * *", "kind": "k"}}, "switchboard_todos.E041"),

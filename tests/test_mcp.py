@@ -37,6 +37,7 @@ from devtools.database import free_port
 from example_project.mcp_agent import connect
 from switchboard_todos.agents import errors
 from switchboard_todos.agents.accounts import create_agent, revoke
+from switchboard_todos.claims import long_polls
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import Throttled
 from switchboard_todos.mcp.http import HttpsOnly, allowed_hosts, streamable_http
@@ -315,6 +316,33 @@ def test_progress_and_a_cancel_reach_the_agent(open_session: Opener) -> None:
     assert (row.state, row.result) == (State.FAILED, {"type": "Cancelled", "message": "wrong repo"})
 
 
+def test_an_agent_reads_and_waits_for_the_work_it_handed_out(open_session: Opener) -> None:
+    """get_todo reads a todo the agent created in a queue it does not claim from; a bounded
+    wait_for_todo answers it still pending; another agent completes it while the agent waits,
+    and wait_for_todo answers it done, with its result."""
+
+    def work_it() -> None:
+        # With a wait: a claim skips the row a waiter's mark (await_todo) locks for a moment.
+        todo = Todo.objects.claim_next("handoff", "worker", 30, wait=10)
+        assert todo is not None
+        Todo.objects.complete(todo.id, "worker", {"ok": True})
+
+    async def scenario(session: ClientSession) -> list[dict[str, Any]]:
+        made = (await call(session, "create_for", queue="handoff", kind="t.handoff"))["todo"]
+        read = await call(session, "get_todo", todo_id=made["id"])
+        waited = await call(session, "wait_for_todo", todo_id=made["id"], wait=0.2)
+        waiting = asyncio.create_task(call(session, "wait_for_todo", todo_id=made["id"]))
+        await asyncio.to_thread(on_own_connection, work_it)
+        return [read, waited, await waiting]
+
+    try:
+        read, waited, ended = run(open_session, scenario)
+    finally:
+        long_polls.stop()  # the worker's claim listened in this process
+    assert (read["state"], waited["state"]) == ("pending", "pending")
+    assert (ended["state"], ended["result"]) == ("done", {"ok": True})
+
+
 def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
     async def scenario(session: ClientSession) -> Any:
         return (await session.list_tools()).tools
@@ -327,9 +355,12 @@ def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
         "complete",
         "fail",
         "release",
+        "get_todo",
+        "wait_for_todo",
         "create_for",
         "create_many",
     }
+    assert tools["wait_for_todo"].annotations and tools["wait_for_todo"].annotations.read_only_hint
     assert "do not complete" in (tools["heartbeat"].description or "")
     assert "what you have done so far" in (tools["heartbeat"].description or "")
     assert "progress" in tools["heartbeat"].input_schema["properties"]

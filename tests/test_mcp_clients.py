@@ -22,6 +22,7 @@ from django.db import connections
 from django.db.models.functions import Now
 
 from switchboard_todos.agents.accounts import create_agent
+from switchboard_todos.claims import long_polls
 from switchboard_todos.models import State, Todo
 from tests.asgi import serve_mcp
 from tests.conftest import ROOT
@@ -191,3 +192,154 @@ def test_a_plan_and_its_merge_fit_the_output_schemas(relay: Relay) -> None:
     assert error_text(relay.call("create_many", todos=cycle)).startswith(
         "The plan cannot run (409): todo #0 waits for itself."
     )
+
+
+# MCP Tasks: client.experimental.tasks of the TypeScript SDK (tests/node/tasks.mjs).
+
+
+class TaskClient(Relay):
+    """The TypeScript SDK's client using Tasks: each request answers what the SDK made of it."""
+
+    def __init__(self, script: Path, url: str, token: str) -> None:
+        self.process = subprocess.Popen(
+            ["node", str(script), url, token],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        opening = self._answer()
+        self.tools, self.task_tools = opening["tools"], opening["taskTools"]
+        self.capabilities: dict[str, Any] = opening["capabilities"]
+
+    def send(self, **request: Any) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+
+    def request(self, op: str, **params: Any) -> dict[str, Any]:
+        """{"answer": ...}, or {"error": {code, message}}."""
+        self.send(op=op, **params)
+        return self._answer()
+
+    def next(self) -> dict[str, Any]:
+        """The next message of a stream (callToolStream)."""
+        return self._answer()
+
+    def rest(self) -> list[dict[str, Any]]:
+        """The stream's messages up to its end."""
+        messages = []
+        while "end" not in (message := self._answer()):
+            messages.append(message)
+        return messages
+
+
+@pytest.fixture
+def tasks_script(relay_script: Path) -> Path:
+    return relay_script.with_name("tasks.mjs")
+
+
+@pytest.fixture
+def delegating(tasks_script: Path, mcp_url: str) -> Iterator[tuple[TaskClient, str]]:
+    """The client, as an agent that creates in `handoff`; and its token."""
+    _, token = create_agent("ts-delegator", create_queues=["handoff"])
+    connections.close_all()
+    client = TaskClient(tasks_script, mcp_url, token)
+    yield client, token
+    client.close()
+
+
+@pytest.fixture(autouse=True)
+def _stop_listeners() -> Iterator[None]:
+    """The listeners the workers' claims (with a wait) start in this process, stopped."""
+    yield
+    long_polls.stop()
+
+
+def worked(complete: bool, result: Any = None) -> Todo:
+    """Another worker claims the todo of `handoff` and completes it, or fails its last attempt."""
+    todo = Todo.objects.claim_next("handoff", "worker", 60, wait=10)
+    assert todo is not None
+    ended = (
+        Todo.objects.complete(todo.id, "worker", result)
+        if complete
+        else Todo.objects.fail(todo.id, "worker", {"message": "disk full"})
+    )
+    connections.close_all()
+    return ended
+
+
+def test_a_delegated_task_is_streamed_to_its_result(delegating: tuple[TaskClient, str]) -> None:
+    """callToolStream of create_for: the task is created, polled while another agent works it,
+    and its result is create_for's output, which the SDK holds to the tool's schema: the todo
+    as it ended. Its end is notified; getTask, listTasks and getTaskResult agree."""
+    client, _ = delegating
+    assert client.capabilities["tasks"]["requests"]["tools"]["call"] == {}
+    assert set(client.task_tools) == {"create_for", "create_many"}
+    client.send(
+        op="stream", tool="create_for", arguments={"queue": "handoff", "kind": "t.ts"}, ttl=60_000
+    )
+    created = client.next()
+    assert created["type"] == "taskCreated" and created["task"]["status"] == "working"
+    assert created["task"]["ttl"] == 60_000
+    worked(True, {"summary": "done by worker"})
+    messages = client.rest()
+    assert [m["type"] for m in messages][-1] == "result", messages
+    result = messages[-1]["result"]
+    assert result["structuredContent"]["todo"]["result"] == {"summary": "done by worker"}
+    assert messages[-2]["type"] == "taskStatus" and messages[-2]["task"]["status"] == "completed"
+
+    task_id = created["task"]["taskId"]
+    notified = client.request("notified", taskId=task_id)["answer"]  # on the standalone stream
+    assert notified["status"] == "completed" and notified["taskId"] == task_id
+    assert client.request("get", taskId=task_id)["answer"]["status"] == "completed"
+    [listed] = client.request("list")["answer"]["tasks"]
+    assert listed["taskId"] == task_id
+    again = client.request("result", taskId=task_id)["answer"]
+    assert again["structuredContent"] == result["structuredContent"]
+
+
+def test_only_the_creator_cancels_and_sees_its_task(
+    delegating: tuple[TaskClient, str], tasks_script: Path, mcp_url: str
+) -> None:
+    """Another agent's getTask, getTaskResult and cancelTask of the task are the protocol's
+    error (invalid params: not found), and its listTasks is empty; the creator's cancelTask
+    (from another session of its own) cancels it, and the stream ends in the SDK's error."""
+    client, token = delegating
+    _, other_token = create_agent("ts-other", claim_queues=["handoff"], create_queues=["handoff"])
+    connections.close_all()
+    client.send(op="stream", tool="create_for", arguments={"queue": "handoff", "kind": "t.ts"})
+    task_id = client.next()["task"]["taskId"]
+    other = TaskClient(tasks_script, mcp_url, other_token)
+    mine = TaskClient(tasks_script, mcp_url, token)
+    try:
+        for op in ("get", "result", "cancel"):
+            refused = other.request(op, taskId=task_id)["error"]
+            assert refused["code"] == -32602 and "does not exist" in refused["message"], refused
+        assert other.request("list")["answer"]["tasks"] == []
+        cancelled = mine.request("cancel", taskId=task_id)["answer"]
+        assert cancelled["status"] == "cancelled" and "ts-delegator" in cancelled["statusMessage"]
+        again = mine.request("cancel", taskId=task_id)["error"]
+        assert again["code"] == -32602 and "failed already" in again["message"]
+    finally:
+        other.close()
+        mine.close()
+    messages = client.rest()
+    assert messages[-1]["type"] == "error" and "cancelled" in messages[-1]["error"]["message"]
+    assert Todo.objects.get().state == State.FAILED
+
+
+def test_a_dead_lettered_task_reads_failed_with_its_error(
+    delegating: tuple[TaskClient, str],
+) -> None:
+    client, _ = delegating
+    arguments = {"queue": "handoff", "kind": "t.ts", "max_attempts": 1}
+    client.send(op="stream", tool="create_for", arguments=arguments)
+    task_id = client.next()["task"]["taskId"]
+    worked(False)
+    messages = client.rest()
+    assert messages[-1]["type"] == "error" and "failed" in messages[-1]["error"]["message"]
+    failed = client.request("get", taskId=task_id)["answer"]
+    assert failed["status"] == "failed" and "disk full" in failed["statusMessage"]
+    result = client.request("result", taskId=task_id)["answer"]
+    assert result["isError"] is True and "disk full" in result["content"][0]["text"]

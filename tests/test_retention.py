@@ -174,9 +174,10 @@ def test_a_batch_walks_the_finished_index(db: None) -> None:
         "after": None,
     }
     plan = explain("purge_retained", params)
-    # The index gives the order, so the LIMIT stops the scan after one batch of rows: no Sort.
+    # The index gives the order, so the LIMIT stops the scan after one batch of rows: no Sort
+    # (but the count of the batch's todos that tasks keep, by queue).
     assert "Index Scan using idx_todos_finished on todos " in plan, plan
-    assert "Sort" not in plan, plan
+    assert "Sort" not in plan.split("CTE unkept")[0], plan
     assert "Index Cond: (id = ANY" in plan, plan
     assert "Index Cond: (todo_id = ANY" in plan, plan
     assert "Seq Scan" not in plan, plan

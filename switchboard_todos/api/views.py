@@ -231,9 +231,9 @@ async def get_todo(
     todo_id: TodoId,
     wait: Annotated[float, Field(ge=0, le=service.MAX_WAIT)] = 0,
 ) -> HttpResponse:
-    """One todo you may see: of your claim queues, or held by you. With `wait` (seconds, at
-    most 20), long-poll until it is done or failed, as a claim's wait: the answer is the todo
-    as it ended, or as it is when `wait` has passed."""
+    """One todo you may read: one you created, of your claim queues, or held by you. With
+    `wait` (seconds, at most 20), long-poll until it is done or failed, as a claim's wait: the
+    answer is the todo as it ended, or as it is when `wait` has passed."""
     todo = await service.aget_todo(agent_of(request), todo_id, wait=wait)
     [shaped] = await atodos_json([todo])
     return json_response(shaped)

@@ -332,6 +332,28 @@ class Tools:
         was already lost: nothing to do."""
         return await self._run(lambda agent: _todo(service.arelease(agent, todo_id, delay)))
 
+    async def get_todo(self, todo_id: TodoId) -> Annotated[CallToolResult, TodoJSON]:
+        """Read one todo, as it is now: one you created (to see how the work you handed out is
+        going: its state, the holder's `progress` note, its `result` once done, its `errors`
+        once failed), one you hold, or one of your queues. To wait for it to end, call
+        `wait_for_todo`. Errors: not found means no todo of that id that you may see."""
+        return await self._run(lambda agent: _todo(service.aget_todo(agent, todo_id)))
+
+    async def wait_for_todo(
+        self,
+        todo_id: TodoId,
+        wait: Annotated[
+            float, Field(description="Seconds to wait for it to end, at most 20; default 20.")
+        ] = service.MAX_WAIT,
+    ) -> Annotated[CallToolResult, TodoJSON]:
+        """Wait until a todo you can read (see `get_todo`) ends, done or failed, and read it:
+        the answer comes the moment it ends, or as the todo is when `wait` has passed. Its
+        state says which: "done" (its `result`), "failed" (its `errors`), or still "pending" or
+        "claimed": call again to go on waiting. Waiting for several todos, wait for the one
+        that merges them (create_many's last step). Errors: too many waits at once (throttled):
+        let one of your waits answer first."""
+        return await self._run(lambda agent: _todo(service.aget_todo(agent, todo_id, wait=wait)))
+
     async def create_for(
         self,
         queue: Annotated[str, Field(description="A queue you may create todos in.")],
@@ -481,15 +503,25 @@ TOOLS = {
     "complete": ToolAnnotations(read_only_hint=False, destructive_hint=False),
     "fail": ToolAnnotations(read_only_hint=False, destructive_hint=False),
     "release": ToolAnnotations(read_only_hint=False, destructive_hint=False),
+    "get_todo": ToolAnnotations(read_only_hint=True),
+    "wait_for_todo": ToolAnnotations(read_only_hint=True),
     "create_for": ToolAnnotations(read_only_hint=False, destructive_hint=False),
     "create_many": ToolAnnotations(read_only_hint=False, destructive_hint=False),
 }
 
 
 def build_server(agent: AgentSource) -> MCPServer:
-    """An MCP server with the queue's tools, each acting as the agent `agent` returns."""
+    """An MCP server with the queue's tools, each acting as the agent `agent` returns, and MCP
+    Tasks over the todos they create (mcp/tasks.py)."""
+    from switchboard_todos.mcp.tasks import tasks_of  # it builds on this module's helpers
+
+    middleware, extension = tasks_of(agent)
     server: MCPServer = MCPServer(
-        "switchboard-todos", version=__version__, instructions=INSTRUCTIONS
+        "switchboard-todos",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        middleware=[middleware],
+        extensions=[extension],
     )
     tools = Tools(agent)
     for name, hints in TOOLS.items():

@@ -86,3 +86,12 @@ SELECT EXISTS (
     SELECT FROM todo_agents
      WHERE name = %(name)s AND is_active AND credential_salt = %(credential)s
 );
+
+-- name: create_task
+-- An MCP task (agents/service/tasks.py) of agent %(agent)s for todo %(todo_id)s, which its
+-- call of tool %(tool)s made (%(created)s: created, not found by its key), kept %(ttl_ms)s milliseconds from now (the
+-- database's clock, as every time of its todo); the id is the caller's random one.
+INSERT INTO todo_tasks (id, agent, todo_id, tool, created, keep_until)
+VALUES (%(id)s, %(agent)s, %(todo_id)s, %(tool)s, %(created)s,
+        now() + %(ttl_ms)s * interval '1 millisecond')
+RETURNING id, agent, todo_id, tool, created, created_at, keep_until;

@@ -17,6 +17,31 @@ DELETE FROM todo_edges
  WHERE parent_id = ANY (ARRAY(SELECT id FROM $deleted))
     OR child_id = ANY (ARRAY(SELECT id FROM $deleted))
 
+-- fragment: kept_by_a_task(todo)
+-- Whether an MCP task (todo_tasks) keeps the todo `todo`: until the task's keep_until (its
+-- ttl) has passed, whatever the retention. A scalar subquery, one probe of idx_todo_tasks_todo
+-- per todo: EXISTS may be planned as a join that reads every live task.
+(SELECT true FROM todo_tasks
+  WHERE todo_tasks.todo_id = $todo.id AND todo_tasks.keep_until > now()
+  LIMIT 1) IS NOT NULL
+
+-- fragment: untasked(deleted)
+-- The body of a purge's "untasked" CTE: delete the MCP tasks of the todos `deleted` deleted
+-- (whose keep_until had passed).
+DELETE FROM todo_tasks
+ WHERE todo_id = ANY (ARRAY(SELECT id FROM $deleted))
+
+-- fragment: kept_and_deleted(doomed, deleted)
+-- The answer of a purge's batch: per queue and state, the todos `deleted` deleted and the
+-- newest completed_at among them; and per queue, as state 'kept', the todos of `doomed` that a
+-- task keeps, and the oldest completed_at among them: the batch walked past them, and deleted
+-- them not (retention.py counts them as walked, and a reaper's mark does not pass them).
+SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
+  FROM $deleted GROUP BY queue, state
+UNION ALL
+SELECT queue, 'kept', count(*), min(completed_at)
+  FROM $doomed WHERE {{kept_by_a_task(doomed)}} GROUP BY queue
+
 -- fragment: purged_history(doomed)
 -- The body of a purge's "forgotten" CTE: the failure histories (todo_errors) of the todos
 -- `doomed` picked, deleted with them.
@@ -30,9 +55,10 @@ DELETE FROM todo_errors
 -- %(after)s (the newest completed_at of the previous batch) keeps every batch as cheap as the
 -- first: the index entries of rows deleted by earlier batches are never walked again. Returns
 -- the todos deleted per queue and state, with the newest completed_at of each (where the next
--- batch starts). Their edges (todo_edges) are deleted with them.
+-- batch starts). Their edges (todo_edges) and MCP tasks (todo_tasks) are deleted with them;
+-- the todos an MCP task keeps are walked past, not deleted (kept_and_deleted).
 WITH doomed AS (
-    SELECT id
+    SELECT id, queue, completed_at
       FROM todos
      WHERE state IN ('done', 'failed')
        AND state = ANY (%(states)s::text[])
@@ -41,11 +67,12 @@ WITH doomed AS (
        AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
      {{oldest_batch(completed_at)}}
 ),
-deleted AS ({{purged(doomed)}}),
+unkept AS (SELECT id FROM doomed WHERE NOT {{kept_by_a_task(doomed)}}),
+deleted AS ({{purged(unkept)}}),
 unlinked AS ({{unlinked(deleted)}}),
-forgotten AS ({{purged_history(doomed)}})
-SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
-  FROM deleted GROUP BY queue, state;
+untasked AS ({{untasked(deleted)}}),
+forgotten AS ({{purged_history(unkept)}})
+{{kept_and_deleted(doomed, deleted)}};
 
 -- name: purge_retained
 -- Delete up to %(limit)s done and failed todos of queue %(queue)s completed longer ago than its
@@ -56,9 +83,9 @@ SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
 -- is only ever completed at now(), so no deletable todo appears behind that mark, and the
 -- reaper keeps it from sweep to sweep instead of walking again, every few seconds, past the
 -- finished todos of queues kept for ever. Rows another session holds are skipped. Returns
--- what purge_batch does, and deletes as it does, edges included.
+-- what purge_batch does, and deletes as it does, edges and tasks included.
 WITH doomed AS (
-    SELECT id
+    SELECT id, queue, completed_at
       FROM todos
      WHERE state IN ('done', 'failed')
        AND completed_at < now() - %(retention)s::interval
@@ -67,11 +94,12 @@ WITH doomed AS (
        AND %(retention)s::interval <= (SELECT retention FROM todo_queues WHERE name = %(queue)s)
      {{oldest_batch(completed_at)}}
 ),
-deleted AS ({{purged(doomed)}}),
+unkept AS (SELECT id FROM doomed WHERE NOT {{kept_by_a_task(doomed)}}),
+deleted AS ({{purged(unkept)}}),
 unlinked AS ({{unlinked(deleted)}}),
-forgotten AS ({{purged_history(doomed)}})
-SELECT queue, state, count(*) AS deleted, max(completed_at) AS newest
-  FROM deleted GROUP BY queue, state;
+untasked AS ({{untasked(deleted)}}),
+forgotten AS ({{purged_history(unkept)}})
+{{kept_and_deleted(doomed, deleted)}};
 
 -- name: retained_queues
 -- The queues with a retention (todo_queues), which the reaper purges, and their retention.
@@ -85,5 +113,6 @@ SELECT queue, state, count(*) AS deleted
    AND state = ANY (%(states)s::text[])
    AND completed_at < now() - %(older_than)s::interval
    AND (%(queues)s::text[] IS NULL OR queue = ANY (%(queues)s::text[]))
+   AND NOT {{kept_by_a_task(todos)}}
  GROUP BY queue, state
  ORDER BY queue, state;

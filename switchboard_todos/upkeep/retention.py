@@ -2,8 +2,10 @@
 the queues with a retention of their own (Queue.retention), the reaper's sweeps.
 
 Only `done` todos, and `failed` ones (dead letters) when asked, are ever deleted; the SQL says
-so in its WHERE as well as here. Each batch is one statement, so outside a caller's
-transaction it commits on its own and holds its row locks for one batch only.
+so in its WHERE as well as here. A todo an MCP task keeps (agents/service/tasks.py) is not,
+until the task's ttl has passed: a purge walks past it, and a reaper's mark stops at it. Each
+batch is one statement, so outside a caller's transaction it commits on its own and holds its
+row locks for one batch only.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from switchboard_todos.sql import queries
 
 #: The largest batch: bigger ones hold their row locks and WAL for longer than they save.
 MAX_BATCH_SIZE = 100_000
+#: The state of a purge's answer rows that count the todos an MCP task keeps, walked past and
+#: not deleted (sql/retention.sql, kept_and_deleted).
+KEPT = "kept"
 #: Seconds one reaper sweep spends on the queues' retention in a database: past that it starts
 #: no new batch, and the next sweep goes on (a retention set on a large backlog).
 RETENTION_TIME_LIMIT = 5.0
@@ -65,13 +70,15 @@ def purge(
     while True:
         rows = _fetch("purge_batch", {**params, "limit": batch_size, "after": after}, using)
         purged.batches += 1
-        deleted = 0
+        walked = 0
         for queue, state, count, newest in rows:
-            purged.counts[queue, state] += count
-            deleted += count
-            after = newest if after is None else max(after, newest)
-        # Skipped (locked) rows do not count against the limit, so a short batch is the last.
-        if deleted < batch_size:
+            walked += count
+            if state != KEPT:  # a purge walks past what a task keeps: the next one sees it
+                purged.counts[queue, state] += count
+                after = newest if after is None else max(after, newest)
+        # Skipped (locked) rows do not count against the limit, so a short batch is the last;
+        # one that deleted nothing (all kept by tasks) too.
+        if walked < batch_size or not any(state != KEPT for _, state, _, _ in rows):
             return purged
 
 
@@ -107,13 +114,20 @@ def purge_retained(
             }
             rows = _fetch("purge_retained", params, using)
             purged.batches += 1
-            deleted = 0
+            walked, deleted, oldest_kept = 0, 0, None
             for _queue, state, count, newest in rows:
+                walked += count
+                if state == KEPT:  # the oldest todo a task keeps: the mark stops there
+                    oldest_kept = newest
+                    continue
                 purged.counts[queue, state] += count
                 deleted += count
                 marks[queue] = max(marks.get(queue, newest), newest)
-            # Skipped (locked) rows do not count against the limit: a short batch is the last.
-            if deleted < size:
+            if oldest_kept is not None:
+                marks[queue] = min(marks.get(queue, oldest_kept), oldest_kept)
+            # Skipped (locked) rows do not count against the limit: a short batch is the last;
+            # one that deleted nothing (all kept by tasks) too.
+            if walked < size or not deleted:
                 left.remove(queue)
         if left and time.monotonic() >= deadline:
             purged.unfinished = True

@@ -12,8 +12,9 @@ checked here and nowhere else:
   agent cannot learn what other queues hold.
 
 One module per family of verbs: `identity` (authenticate, and recognise for the verbs whose
-statement checks the credential itself), `reading` (list and get),
-`claiming`, `holding` (heartbeat, complete, fail, release) and `creating` (a todo, a plan);
+statement checks the credential itself), `reading` (list and get), `claiming`, `holding`
+(heartbeat, complete, fail, release), `creating` (a todo, a plan) and `tasks` (MCP tasks: the
+todos an agent created, followed by a task id of its own);
 beside them `visibility` (what an agent may see, and in which databases), `quotas` (held todos,
 creations and bytes of JSON a minute, attempts) and `twins`. Every verb has an `a`-prefixed
 async twin; `aclaim` and `aget_todo` wait on the LISTEN path holding neither a thread nor a
@@ -65,8 +66,38 @@ from switchboard_todos.agents.service.reading import (
     get_todo,
     list_todos,
 )
+from switchboard_todos.agents.service.tasks import (
+    TASK_PAGE,
+    AgentTask,
+    TaskPage,
+    acancel_task,
+    aget_task,
+    alist_tasks,
+    astart_task,
+    await_task,
+    cancel_task,
+    check_merging_plan,
+    get_task,
+    list_tasks,
+    start_task,
+    ttl_ms,
+)
 
 __all__ = [
+    "TASK_PAGE",
+    "AgentTask",
+    "TaskPage",
+    "acancel_task",
+    "aget_task",
+    "alist_tasks",
+    "astart_task",
+    "await_task",
+    "cancel_task",
+    "check_merging_plan",
+    "get_task",
+    "list_tasks",
+    "start_task",
+    "ttl_ms",
     "CURSOR_PATTERN",
     "DEFAULT_PAGE",
     "HELD_RETRY_MAX",

@@ -162,7 +162,7 @@ def scoped_key(agent: Agent, key: object, name: str) -> str | None:
     """
     if key is None:
         return None
-    return f"{_source(agent)}/{validation.text(key, name, MAX_KEY_LENGTH, required=True)}"
+    return f"{visibility.source(agent)}/{validation.text(key, name, MAX_KEY_LENGTH, required=True)}"
 
 
 def _creation(agent: Agent, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -181,10 +181,10 @@ def _creation(agent: Agent, spec: Mapping[str, Any]) -> dict[str, Any]:
     return {
         **spec,
         "queue": name,
-        "source": _source(agent),
+        "source": visibility.source(agent),
         "idempotency_key": scoped_key(agent, spec.get("idempotency_key"), "idempotency_key"),
         "concurrency_key": scoped_key(agent, spec.get("concurrency_key"), "concurrency_key"),
-        "fair_key": scoped_key(agent, spec.get("fair_key"), "fair_key") or _source(agent),
+        "fair_key": scoped_key(agent, spec.get("fair_key"), "fair_key") or visibility.source(agent),
         "max_attempts": quotas.max_attempts(agent, spec.get("max_attempts")),
         "run_after": _moment(spec.get("run_after")),
         "after": None if after is None else validation.parents(after),
@@ -268,11 +268,6 @@ def _hidden_twin(key: object, queue: str) -> TodoConflict:
         "is in a queue you do not claim from, or assigned to another agent, so it is not shown.",
         todo_id="",
     )
-
-
-def _source(agent: Agent) -> str:
-    """The source of the todos an agent creates, and the scope of its keys."""
-    return f"agent:{agent.name}"
 
 
 def _moment(value: datetime | str | None) -> datetime | None:

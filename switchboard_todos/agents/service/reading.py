@@ -75,11 +75,12 @@ def list_todos(
 
 
 def get_todo(agent: Agent, todo_id: str, *, wait: Seconds = 0) -> Todo:
-    """One todo the agent may see; with `wait` (seconds, at most MAX_WAIT), once it is done or
-    failed, or as it is when `wait` has passed (Todo.objects.wait_for: woken the moment it
-    ends). A wait counts among the agent's long polls (long_poll_cap.py)."""
+    """One todo the agent may see or created (visibility.readable_by); with `wait` (seconds, at
+    most MAX_WAIT), once it is done or failed, or as it is when `wait` has passed
+    (Todo.objects.wait_for: woken the moment it ends). A wait counts among the agent's long
+    polls (long_poll_cap.py)."""
     checked, seconds = visibility.todo_id(todo_id), long_poll_cap.seconds_of(wait)
-    found = _seen_todo(agent, checked)
+    found = seen_todo(agent, checked)
     if not seconds or found.state in endings.ENDED:
         return found
     with long_poll_cap.admitted(agent, seconds):
@@ -89,17 +90,18 @@ def get_todo(agent: Agent, todo_id: str, *, wait: Seconds = 0) -> Todo:
 async def aget_todo(agent: Agent, todo_id: str, *, wait: Seconds = 0) -> Todo:
     """Async twin of `get_todo`: the wait is suspended, holding no thread or connection."""
     checked, seconds = visibility.todo_id(todo_id), long_poll_cap.seconds_of(wait)
-    found = await sync_to_async(_seen_todo)(agent, checked)
+    found = await sync_to_async(seen_todo)(agent, checked)
     if not seconds or found.state in endings.ENDED:
         return found
     async with long_poll_cap.awaiting(agent, seconds):
         return await Todo.objects.db_manager(found._state.db).await_for(checked, seconds)
 
 
-def _seen_todo(agent: Agent, todo_id: str) -> Todo:
-    """The todo of `todo_id` if the agent may see it, in whichever of its databases."""
-    for alias in visibility.databases(agent):
-        found = list(Todo.objects.using(alias).filter(visibility.visible_to(agent), pk=todo_id)[:1])
+def seen_todo(agent: Agent, todo_id: str) -> Todo:
+    """The todo of `todo_id` if the agent may read it, in whichever of its databases."""
+    for alias in visibility.read_databases(agent):
+        readable = Todo.objects.using(alias).filter(visibility.readable_by(agent), pk=todo_id)
+        found = list(readable[:1])
         if found:
             return found[0]
     raise TodoNotFound(todo_id)

@@ -2,9 +2,10 @@
 databases they live in.
 
 An agent sees the todos of its claim queues not assigned to another agent, and the todos it
-holds; any other todo answers exactly as an unknown id does (TodoNotFound), so that an agent
-cannot learn what other queues hold. With queues in several databases (placement.py), its verbs
-run in the databases its claim queues live in.
+holds; it reads (`get_todo`) these and the todos it created too; any other todo answers exactly
+as an unknown id does (TodoNotFound), so that an agent cannot learn what other queues hold.
+With queues in several databases (placement.py), its verbs run in the databases its claim
+queues live in (its reads, in its create queues' too).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ def databases(agent: Agent) -> list[str]:
     return list(placement.by_database(agent.claim_queues)) or [router.db_for_write(Todo)]
 
 
+def read_databases(agent: Agent) -> list[str]:
+    """The databases of the todos the agent may read: its claim queues' and its create queues'."""
+    queues = [*agent.claim_queues, *agent.create_queues]
+    return list(placement.by_database(queues)) or [router.db_for_write(Todo)]
+
+
 def claimable_by(agent: Agent) -> Q:
     """Todos not assigned to another agent."""
     return Q(assignee__isnull=True) | Q(assignee=agent.name)
@@ -32,6 +39,17 @@ def claimable_by(agent: Agent) -> Q:
 def visible_to(agent: Agent) -> Q:
     """The todos an agent may see: those it may claim from its queues, and those it holds."""
     return Q(owner=agent.name) | claimable_by(agent) & Q(queue__in=agent.claim_queues)
+
+
+def readable_by(agent: Agent) -> Q:
+    """The todos an agent may read: those it sees, and those it created (to follow work it
+    handed to others, wherever it went)."""
+    return visible_to(agent) | Q(source=source(agent))
+
+
+def source(agent: Agent) -> str:
+    """The source of the todos an agent creates, and the scope of its keys."""
+    return f"agent:{agent.name}"
 
 
 def sees(agent: Agent, todo: Todo) -> bool:
