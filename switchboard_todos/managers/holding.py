@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from switchboard_todos import endings, validation
+from switchboard_todos import endings, tracing, validation
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.managers.machinery import (
@@ -116,7 +116,11 @@ class Holding(Machinery):
             **validation.arguments(todo_id=todo_id, owner=owner, result=result),
             "notify": conf.LISTEN,
         }
-        return self._holders_transition("complete", params)
+        began = tracing.started()
+        done = self._holders_transition("complete", params)
+        if began is not None:
+            tracing.settled(began, "complete", [done], params["owner"])
+        return done
 
     def complete_many(self, owner: str, results: Mapping[str, Any]) -> list[str]:
         """Mark many todos done, `results` mapping each id to its result, in one statement.
@@ -165,7 +169,11 @@ class Holding(Machinery):
             ),
             "notify": conf.LISTEN,
         }
-        return self._holders_transition("fail", params)
+        began = tracing.started()
+        failed = self._holders_transition("fail", params)
+        if began is not None:
+            tracing.settled(began, "fail", [failed], params["owner"])
+        return failed
 
     def release(self, todo_id: str, owner: str, delay: Seconds | None = None) -> Todo:
         """Give a lease back: pending again (after `delay`), the attempt not counted."""
@@ -173,7 +181,13 @@ class Holding(Machinery):
             **validation.arguments(todo_id=todo_id, owner=owner, delay=delay),
             "notify": conf.LISTEN,
         }
-        return self._transition("release", params) or self._classify_miss("release", todo_id, owner)
+        began = tracing.started()
+        released = self._transition("release", params) or self._classify_miss(
+            "release", todo_id, owner
+        )
+        if began is not None:
+            tracing.settled(began, "release", [released], params["owner"])
+        return released
 
     aheartbeat = async_twin(heartbeat)
     aheartbeat_many = async_twin(heartbeat_many)

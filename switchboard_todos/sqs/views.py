@@ -32,7 +32,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from switchboard_todos import faults, placement, validation
+from switchboard_todos import faults, placement, tracing, validation
 from switchboard_todos.agents import errors, request_cap, serialize, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError, TodoNotFound
 from switchboard_todos.models import Agent, Todo, known_history
@@ -255,17 +255,19 @@ def _send(agent: Agent, queue: str, entry: dict[str, Any]) -> dict[str, Any]:
     answer = {"MD5OfMessageBody": messages.md5_of_body(body)}
     if attributes:
         answer["MD5OfMessageAttributes"] = messages.md5_of_attributes(attributes)
-    todo, _created = service.create_for(
-        agent,
-        queue=queue,
-        kind=messages.KIND,
-        title=titles.title_of(body),
-        payload={"body": body, "attributes": attributes},
-        idempotency_key=entry.get("MessageDeduplicationId"),
-        # Its tenant, as in SQS's fair queues: the groups of a queue take turns at its receives.
-        fair_key=group,
-        run_after=timezone.now() + timedelta(seconds=delay) if delay else None,
-    )
+    with tracing.remote(messages.trace_carrier(entry)):
+        todo, _created = service.create_for(
+            agent,
+            queue=queue,
+            kind=messages.KIND,
+            title=titles.title_of(body),
+            payload={"body": body, "attributes": attributes},
+            idempotency_key=entry.get("MessageDeduplicationId"),
+            # Its tenant, as in SQS's fair queues: the groups of a queue take turns at its
+            # receives.
+            fair_key=group,
+            run_after=timezone.now() + timedelta(seconds=delay) if delay else None,
+        )
     return {"MessageId": todo.id, **answer}
 
 
