@@ -135,7 +135,6 @@ class Creating(Machinery):
         columns = {
             **_batch_rows(batch, ids),
             "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
-            "trace_context": batch[0]["trace_context"] if batch else None,
         }
         # With fair keys, planned at each call: their turns' probes (cursors.cursor).
         with self._cursor(prepared=not any(params["fair_key"] for params in batch)) as cursor:
@@ -244,7 +243,6 @@ class Creating(Machinery):
             ),
             "existing": graph.existing,
             "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
-            "trace_context": batch[0]["trace_context"] if batch else None,
         }
         created: list[tuple[Todo, Any]] = []
         try:
@@ -464,6 +462,7 @@ def _batch_rows(
 ) -> dict[str, Any]:
     """The `rows` and `payloads` of create_many and create_graph (batch_rows in sql/creating.sql):
     each todo's column values, with `more` of its own after them; the payloads are JSON already.
+    The batch's one trace context (tracing.creating) goes beside them.
     """
     rows = [
         [
@@ -490,6 +489,7 @@ def _batch_rows(
         "rows": json.dumps(rows),
         "payloads": "[" + ",".join(p["payload"] for p in batch) + "]",
         "notify": conf.LISTEN,
+        "trace_context": batch[0]["trace_context"] if batch else None,
     }
 
 
