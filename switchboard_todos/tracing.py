@@ -228,17 +228,11 @@ def _record(started: int, operation: str, kind: str, todos: list[Todo], owner: s
     span.end()
 
 
-def processing(todo: Todo) -> AbstractContextManager[Span | None]:
-    """The span of `todo`'s handler run (process, a consumer's), current while it runs: a
-    child of the todo's creating span, with the creator's baggage. Nothing, untraced."""
-    traced = tracer()
-    if traced is None:
-        return nullcontext()
-    return _processing(traced, todo)
-
-
 @contextmanager
-def _processing(traced: Tracer, todo: Todo) -> Iterator[Span]:
+def processing(traced: Tracer, todo: Todo) -> Iterator[Span]:
+    """The span of `todo`'s handler run (process, a consumer's) made by `traced` (`tracer()`,
+    which the worker asks once per batch it claims), current while it runs: a child of the
+    todo's creating span, with the creator's baggage."""
     from opentelemetry import context
     from opentelemetry.trace import SpanKind
 

@@ -4,26 +4,31 @@ Without a tracer provider, or without OpenTelemetry at all, nothing is traced or
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
+import httpx2
 import pytest
 from django.test import Client
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from opentelemetry import baggage, context, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from example_project.mcp_agent import call
 from switchboard_todos import tracing
 from switchboard_todos.agents import accounts
-from switchboard_todos.mcp.http import TraceContext
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker import Worker
 from tests import worker_handlers  # noqa: F401 (registers the handlers)
+from tests.asgi import serve_mcp
 from tests.conftest import ROOT
 from tests.helpers import sqs_post
 
@@ -63,11 +68,12 @@ def trace_of(span: ReadableSpan) -> str:
 
 def span_id(span: ReadableSpan) -> int:
     assert span.context is not None
-    return span.context.span_id
+    return int(span.context.span_id)
 
 
-def parent_of(span: ReadableSpan) -> int | None:
-    return None if span.parent is None else span.parent.span_id
+def parent_of(span: ReadableSpan) -> int:
+    """The span id of its parent; 0 for a root span."""
+    return 0 if span.parent is None else int(span.parent.span_id)
 
 
 def linked(span: ReadableSpan) -> set[int]:
@@ -182,20 +188,26 @@ def test_a_malformed_traceparent_is_ignored(client: Client, spans: InMemorySpanE
     assert tracing.trace_id(todo.trace_context) == trace_of(create)
 
 
-def test_the_mcp_endpoint_makes_a_requests_traceparent_current() -> None:
-    """The tool calls of an MCP request run in its headers' trace context (the SDK carries the
-    request's context variables to them, as it does the bearer token's)."""
-    seen: list[str | None] = []
+def test_an_mcp_agents_create_joins_the_trace_of_its_requests_traceparent() -> None:
+    """An MCP agent's create_for over streamable HTTP with a traceparent header: the todo
+    stores that trace (the SDK carries the request's context to the tool call). The server,
+    uvicorn in a child, has no tracer provider: the caller's context is stored all the same."""
+    token = accounts.create_agent("mcp-maker", claim_queues=["mcp"], create_queues=["mcp"])[1]
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        seen.append(tracing.current_context())
+    async def create() -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {token}", "traceparent": TRACEPARENT}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30.0) as http,
+            streamable_http_client(f"{url}", http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            return await call(session, "create_for", queue="mcp", kind="review")
 
-    scope = {"type": "http", "headers": [(b"traceparent", TRACEPARENT.encode())]}
-    import asyncio
-
-    asyncio.run(TraceContext(app)(scope, None, None))
-    asyncio.run(TraceContext(app)({"type": "http", "headers": []}, None, None))
-    assert [tracing.trace_id(found) for found in seen] == [TRACE, None]
+    with serve_mcp() as url:
+        made = asyncio.run(create())
+    todo = Todo.objects.get(pk=made["todo"]["id"])
+    assert tracing.trace_id(todo.trace_context) == TRACE
 
 
 @pytest.mark.parametrize(

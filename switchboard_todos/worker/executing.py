@@ -55,11 +55,14 @@ class Executor:
             hand.running.pop(todo.id, None)
             self.release(held)
             return
-        with tracing.processing(todo) as span:
+        if held.tracer is None:
+            self._run(runner, held, None)
+            return
+        with tracing.processing(held.tracer, todo) as span:
             self._run(runner, held, span)
 
     def _run(self, runner: Runner, held: Held, span: Span | None) -> None:
-        """Run `held`'s handler within its span (tracing.processing, None untraced); a failure
+        """Run `held`'s handler, within its span when traced (tracing.processing); a failure
         is stored at once, in the span."""
         hand = self.hand
         todo = held.todo
