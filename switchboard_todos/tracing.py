@@ -238,7 +238,7 @@ def processing(traced: Tracer, todo: Todo) -> Iterator[Span]:
 
     name, attributes = _named("process", "process", (todo.queue,), 1)
     attributes["messaging.message.id"] = todo.id
-    attributes["messaging.message.delivery_count"] = todo.attempt
+    attributes["messaging.switchboard_todos.attempt"] = todo.attempt  # this run's, from 1
     parent = stored_context(todo.trace_context)
     token = None if parent is None else context.attach(parent)
     try:

@@ -118,6 +118,7 @@ def test_a_traced_request_and_the_workers_handler_are_one_trace(
     assert process.attributes is not None
     assert process.attributes["messaging.operation.type"] == "process"
     assert process.attributes["messaging.message.id"] == todo.id
+    assert process.attributes["messaging.switchboard_todos.attempt"] == 1
     assert trace_of(process) == trace_of(settle) == trace_of(request)
     assert settle.attributes is not None
     assert settle.attributes["messaging.operation.type"] == "settle"
