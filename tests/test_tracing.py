@@ -26,6 +26,7 @@ from example_project.mcp_agent import call
 from switchboard_todos import tracing
 from switchboard_todos.agents import accounts
 from switchboard_todos.models import State, Todo
+from switchboard_todos.sqs import messages
 from switchboard_todos.worker import Worker
 from tests import worker_handlers  # noqa: F401 (registers the handlers)
 from tests.asgi import serve_mcp
@@ -260,6 +261,48 @@ def test_sqs_send_message_takes_the_senders_trace_context(
     )
     todo = Todo.objects.get(pk=sent["MessageId"])
     assert tracing.trace_id(todo.trace_context) == expected
+
+
+def test_an_sqs_trace_header_is_read_within_bounds() -> None:
+    """A traceparent attribute wins over AWSTraceHeader; an oversized or odd one is ignored."""
+    xray = {
+        "AWSTraceHeader": {
+            "DataType": "String",
+            "StringValue": "Sampled=0;Parent=53995c3f42cd8ad8;"
+            "Root=1-5759e988-bd862e3fe1be46a994272793",
+        }
+    }
+    assert messages.trace_carrier({"MessageSystemAttributes": xray}) == {
+        "traceparent": "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-00"
+    }
+    both = {
+        "MessageSystemAttributes": xray,
+        "MessageAttributes": {"traceparent": {"DataType": "String", "StringValue": TRACEPARENT}},
+    }
+    assert messages.trace_carrier(both) == {"traceparent": TRACEPARENT}
+    huge = {"traceparent": {"DataType": "String", "StringValue": TRACEPARENT + " " * 1024}}
+    for entry in (
+        {"MessageAttributes": huge},
+        {"MessageAttributes": {"traceparent": "not a dict"}},
+        {"MessageAttributes": ["not", "a", "dict"]},
+        {"MessageSystemAttributes": {"AWSTraceHeader": {"StringValue": 5}}},
+        {"MessageSystemAttributes": {"AWSTraceHeader": {"StringValue": "Root=1-5759e988-bd86"}}},
+    ):
+        assert messages.trace_carrier(entry) == {}, entry
+
+
+def test_a_span_current_already_wins_over_a_remote_header(spans: InMemorySpanExporter) -> None:
+    """An instrumentation's span of the request (which read the header itself) stays the
+    parent: the header is made current only when no span is."""
+    with (
+        trace.get_tracer("tests").start_as_current_span("server") as server,
+        tracing.remote({"traceparent": TRACEPARENT}),
+    ):
+        found = tracing.current_context()
+    assert tracing.trace_id(found) == f"{server.get_span_context().trace_id:032x}" != TRACE
+    with tracing.remote({"traceparent": TRACEPARENT}):
+        assert tracing.trace_id(tracing.current_context()) == TRACE
+    assert tracing.current_context() is None
 
 
 def test_a_claimed_batch_links_to_each_todos_creator(spans: InMemorySpanExporter) -> None:
