@@ -12,6 +12,7 @@ say) is still stored with the todos created under it, for whoever traces their h
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -34,6 +35,7 @@ _LOADED = "opentelemetry.context"
 #: The global tracer provider last seen, and this module's tracer of it (None: a proxy, no
 #: provider set). Read and replaced whole, one tuple: threads see one pair or the other.
 _seen: tuple[Any, Tracer | None] = (None, None)
+_HEX32, _HEX16, _HEX2 = (re.compile(f"[0-9a-f]{{{n}}}") for n in (32, 16, 2))
 
 
 def tracer() -> Tracer | None:
@@ -85,17 +87,25 @@ def stored_context(stored: str | None) -> Context | None:
     return propagate.extract(carrier)
 
 
-def trace_id(stored: str | None) -> str | None:
-    """The trace id (32 hex digits) of a todo's stored trace context, read without
-    OpenTelemetry (the admin shows it), or None."""
+def traceparent(stored: str | None) -> tuple[str, str, str] | None:
+    """The trace id (32 hex digits), parent span id (16) and flags (2) of a todo's stored
+    trace context, read without OpenTelemetry (the admin and SQS show them), or None."""
     if not stored:
         return None
     try:
         carrier = json.loads(stored)
-        version, found, _span, _flags = carrier["traceparent"].split("-")
+        _version, found, span, flags = carrier["traceparent"].split("-")
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    return found if len(found) == 32 and found.strip("0") else None
+    if not (_HEX32.fullmatch(found) and _HEX16.fullmatch(span) and _HEX2.fullmatch(flags)):
+        return None
+    return (found, span, flags) if found.strip("0") and span.strip("0") else None
+
+
+def trace_id(stored: str | None) -> str | None:
+    """The trace id (32 hex digits) of a todo's stored trace context, or None."""
+    found = traceparent(stored)
+    return None if found is None else found[0]
 
 
 def _span_context(stored: str | None) -> SpanContext | None:

@@ -263,6 +263,32 @@ def test_sqs_send_message_takes_the_senders_trace_context(
     assert tracing.trace_id(todo.trace_context) == expected
 
 
+def test_sqs_receive_message_gives_the_senders_aws_trace_header(client: Client) -> None:
+    """The trace a message was sent in comes back as its AWSTraceHeader system attribute, in
+    X-Ray's form, when asked for (and with All); a message sent untraced has none."""
+    agent = accounts.create_agent("sender", claim_queues=["jobs"], create_queues=["jobs"])[0]
+    header = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+    queue = {"QueueUrl": "http://testserver/sqs/jobs"}
+    traced = {"AWSTraceHeader": {"DataType": "String", "StringValue": header}}
+    sqs_post(
+        client,
+        agent,
+        "/sqs/jobs",
+        "SendMessage",
+        {**queue, "MessageBody": "traced", "MessageSystemAttributes": traced},
+    )
+    sqs_post(client, agent, "/sqs/jobs", "SendMessage", {**queue, "MessageBody": "plain"})
+    received = sqs_post(
+        client,
+        agent,
+        "/sqs/jobs",
+        "ReceiveMessage",
+        {**queue, "MaxNumberOfMessages": 2, "MessageSystemAttributeNames": ["AWSTraceHeader"]},
+    )
+    found = {message["Body"]: message.get("Attributes") for message in received["Messages"]}
+    assert found == {"traced": {"AWSTraceHeader": header}, "plain": None}
+
+
 def test_an_sqs_trace_header_is_read_within_bounds() -> None:
     """A traceparent attribute wins over AWSTraceHeader; an oversized or odd one is ignored."""
     xray = {

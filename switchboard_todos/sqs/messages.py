@@ -25,7 +25,7 @@ from decimal import Decimal, InvalidOperation
 from hashlib import md5
 from typing import Any, NamedTuple
 
-from switchboard_todos import validation
+from switchboard_todos import tracing, validation
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.models import Todo
 
@@ -194,6 +194,17 @@ def read_receipt(handle: object) -> Receipt | None:
         )
     except (binascii.Error, ValueError, OverflowError, InvalidTodo):
         return None
+
+
+def xray_header(stored: str | None) -> str | None:
+    """A todo's AWSTraceHeader, as ReceiveMessage gives it: its stored trace context
+    (tracing.py) in X-Ray's form, or None."""
+    found = tracing.traceparent(stored)
+    if found is None:
+        return None
+    trace, parent, flags = found
+    sampled = int(flags, 16) & 1
+    return f"Root=1-{trace[:8]}-{trace[8:]};Parent={parent};Sampled={sampled}"
 
 
 def trace_carrier(entry: dict[str, Any]) -> dict[str, str]:

@@ -371,6 +371,11 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
     group = None if todo.fair_key == todo.source else serialize.key_as_given(todo, todo.fair_key)
     if group is not None and ("All" in wanted or "MessageGroupId" in wanted):
         chosen["MessageGroupId"] = group
+    # The sender's trace (its AWSTraceHeader or traceparent), when it sent one.
+    if todo.trace_context is not None and ("All" in wanted or "AWSTraceHeader" in wanted):
+        header = messages.xray_header(todo.trace_context)
+        if header is not None:
+            chosen["AWSTraceHeader"] = header
     if chosen:
         message["Attributes"] = chosen
     attributes = messages.attributes_of(todo)
