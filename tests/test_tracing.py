@@ -28,7 +28,7 @@ from switchboard_todos.agents import accounts
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sqs import messages
 from switchboard_todos.worker import Worker
-from tests import worker_handlers  # noqa: F401 (registers the handlers)
+from tests import tasks, worker_handlers  # noqa: F401 (registers the handlers)
 from tests.asgi import serve_mcp
 from tests.conftest import ROOT
 from tests.helpers import sqs_post
@@ -137,6 +137,18 @@ def test_a_failed_handler_run_is_an_error_span_and_its_fail_a_child(
     assert [event.name for event in process.events] == ["exception"]
     assert parent_of(fail) == span_id(process)
     assert trace_of(fail) == tracing.trace_id(Todo.objects.get(pk=todo.pk).trace_context)
+
+
+def test_a_django_task_enqueued_in_a_span_runs_in_its_trace(spans: InMemorySpanExporter) -> None:
+    """django.tasks' enqueue is a create_todo: the task's run in the worker is a child of it."""
+    with trace.get_tracer("tests").start_as_current_span("view") as view:
+        result = tasks.add.enqueue(2, 3)
+    assert tracing.trace_id(Todo.objects.get(pk=result.id).trace_context) == (
+        f"{view.get_span_context().trace_id:032x}"
+    )
+    Worker(max_todos=1).run()
+    create = one(spans, "create_todo default")
+    assert parent_of(one(spans, "process default")) == span_id(create)
 
 
 def test_an_agents_create_over_http_joins_its_callers_trace(
