@@ -201,6 +201,10 @@ class Todo(models.Model):
     updated_at = models.DateTimeField(db_default=_now())
     claimed_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # The creating code's trace context (tracing.py): the W3C headers its propagators wrote
+    # (traceparent, tracestate, baggage) as a JSON object, stored only when one was active, so
+    # that the spans of its claims, handler runs and settlements join the creator's trace.
+    trace_context = models.TextField(null=True, blank=True, editable=False)
 
     objects = TodoManager()
 

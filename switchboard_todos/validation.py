@@ -580,6 +580,8 @@ def creation(spec: Mapping[str, Any]) -> dict[str, Any]:
         "run_after": None if after is None else run_after(after),
         "parents": None if waits_for is None else parents(waits_for),
         "on_parent_failure": None if waits_for is None else checked_policy,
+        # Not an argument: the manager sets it from the creator's active trace (tracing.py).
+        "trace_context": None,
     }
 
 

@@ -412,6 +412,7 @@ def test_create_todo_conflict_target_matches_the_dedupe_index(db: None) -> None:
         "fair_key": None,
         "run_after": None,
         "notify": True,
+        "trace_context": None,
     }
     plan = explain("create_todo", params)
     conflicts = [node for node in nodes(plan) if node.get("Conflict Resolution")]

@@ -123,3 +123,12 @@ def stubborn(todo: Todo) -> dict[str, Any]:
     """A gated handler that never asks whether it was cancelled."""
     wait_for_gate(todo.payload["started"], todo.payload["gate"], f"{todo.id} {todo.attempt}")
     return {"late": True}
+
+
+@handler("test.traced")
+def traced(todo: Todo) -> dict[str, Any]:
+    """The trace its handler runs in, and the baggage it sees (tests/test_tracing.py)."""
+    from opentelemetry import baggage, trace
+
+    span = trace.get_current_span().get_span_context()
+    return {"trace_id": f"{span.trace_id:032x}", "baggage": dict(baggage.get_all())}

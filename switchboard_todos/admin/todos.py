@@ -25,6 +25,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from switchboard_todos import tracing
 from switchboard_todos.admin import databases
 from switchboard_todos.admin.actions import TodoActions
 from switchboard_todos.admin.base import JSON_COLUMNS, ReadOnly, RefusesNul
@@ -194,6 +195,9 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
 
     def get_fieldsets(self, request: HttpRequest, obj: Todo | None = None) -> Any:
         fieldsets: list[Any] = list(self.fieldsets or [])
+        if obj is not None and tracing.trace_id(obj.trace_context) is not None:
+            name, options = fieldsets[0]
+            fieldsets[0] = (name, {**options, "fields": [*options["fields"], "trace_id"]})
         if obj is not None and _dependencies(obj) is not None:
             fieldsets.insert(2, self.dependencies_fieldset)
         return fieldsets
@@ -312,6 +316,12 @@ class TodoAdmin(ReadOnly, RefusesNul, TodoActions, HealthPage):
         if todo.state != State.PENDING:
             return "—"
         return _claimable(todo) or str(_("now"))
+
+    @admin.display(description=_("trace id"))
+    def trace_id(self, todo: Todo) -> str:
+        """The trace its creator's span was in (tracing.py): its spans, and those of its
+        claims, handler runs and settlements, are found under it in the tracing backend."""
+        return tracing.trace_id(todo.trace_context) or "—"
 
     @admin.display(description=_("turn"))
     def turn(self, todo: Todo) -> str:

@@ -26,6 +26,7 @@ from ninja.operation import Operation
 from ninja.security import HttpBearer
 from pydantic import Field
 
+from switchboard_todos import tracing
 from switchboard_todos.agents import errors, request_cap, service
 from switchboard_todos.agents.serialize import atodos_json, todo_json, todos_json
 from switchboard_todos.api import problems
@@ -201,7 +202,8 @@ def list_todos(
 def create_for(request: HttpRequest, body: CreateIn) -> HttpResponse:
     """Create a todo in one of your create queues: 201 and its Location when new, 200 with the
     live todo when its idempotency key found one."""
-    todo, created = service.create_for(agent_of(request), **body.model_dump())
+    with tracing.remote(request.headers):
+        todo, created = service.create_for(agent_of(request), **body.model_dump())
     if not created:
         return todo_response(todo)
     response = todo_response(todo, 201)
@@ -216,9 +218,10 @@ def create_many(request: HttpRequest, body: PlanIn) -> HttpResponse:
     """Create a plan in one call: todos that may wait for each other (`ref`, `after`), whole
     or not at all; 201 when it created any, 200 when their idempotency keys found every one
     live. 409 (invalid-plan): they wait for each other in a way that can never run."""
-    made = service.create_many_for(
-        agent_of(request), todos=[todo.model_dump(exclude_none=True) for todo in body.todos]
-    )
+    with tracing.remote(request.headers):
+        made = service.create_many_for(
+            agent_of(request), todos=[todo.model_dump(exclude_none=True) for todo in body.todos]
+        )
     shaped = todos_json([todo for todo, _created in made])
     created = [created for _todo, created in made]
     answer = [{"todo": t, "created": c} for t, c in zip(shaped, created, strict=True)]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, connections
 
-from switchboard_todos import cursors, faults, validation
+from switchboard_todos import cursors, faults, tracing, validation
 from switchboard_todos.claims import long_polls
 from switchboard_todos.claims.marks import marks
 from switchboard_todos.conf import conf
@@ -186,14 +186,19 @@ class Claiming(Machinery):
         scans, scan_params = queryset._candidates(params["owner"], params["limit"])
         params = {**params, **scan_params, "max_held": None}
         statement = queries["claim_filtered"].format_map(scans)
+        began = tracing.started()
         for _ in range(KEY_RACE_TRIES):
             try:
-                return [
+                claimed = [
                     todo for todo, _ in self._run("claim_filtered", params, statement=statement)
                 ]
             except IntegrityError as error:
                 if not self._lost_key_race(error):
                     raise
+            else:
+                if began is not None:
+                    tracing.received(began, "claim_filtered", claimed, params["owner"])
+                return claimed
         return []
 
     def _claim(self, params: Mapping[str, Any]) -> list[Todo]:
@@ -209,6 +214,7 @@ class Claiming(Machinery):
         found = marks.for_claim(alias, queues)
         params = {**params, "queues": cursors.array_literal(queues), **found.params()}
         lean = not found.full_scan and marks.lean(alias, queues)
+        began = tracing.started()
         for _ in range(KEY_RACE_TRIES):
             try:
                 limited: list[Any] = []
@@ -237,7 +243,10 @@ class Claiming(Machinery):
                 at=max((todo.claimed_at for todo, _ in rows if todo.claimed_at), default=None),
                 short_of=queues if len(rows) < params["limit"] else (),
             )
-            return [todo for todo, _ in rows]
+            claimed = [todo for todo, _ in rows]
+            if began is not None:
+                tracing.received(began, "claim", claimed, params["owner"])
+            return claimed
         return []
 
     def _lost_key_race(self, error: IntegrityError) -> bool:
@@ -274,13 +283,18 @@ class Claiming(Machinery):
     def claim(self, todo_id: str, owner: str, ttl: Seconds | None = None) -> Todo:
         """Claim one todo by id; it must be due, and assigned to `owner` or to nobody."""
         params = leased(validation.arguments(todo_id=todo_id, owner=owner, ttl=ttl))
+        began = tracing.started()
         try:
             claimed = self._transition("claim", params)
         except IntegrityError as error:
             if not self._lost_key_race(error):
                 raise
             claimed = None  # a concurrent claim took its concurrency key: say so below
-        return claimed or self._classify_miss("claim", todo_id, owner)
+        if claimed is None:
+            return self._classify_miss("claim", todo_id, owner)
+        if began is not None:
+            tracing.received(began, "claim", [claimed], params["owner"])
+        return claimed
 
     def _give_back(self, todos: Iterable[Todo], owner: str) -> None:
         """Give back `todos`, claimed for `owner` by a claim whose caller could not take them

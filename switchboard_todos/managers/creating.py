@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from psycopg import sql
 
-from switchboard_todos import endings, graphs, validation
+from switchboard_todos import endings, graphs, tracing, validation
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import InvalidTodo, TodoConflict
 from switchboard_todos.managers.machinery import Machinery, async_twin
@@ -78,7 +78,12 @@ class Creating(Machinery):
         }
         params = validation.creation(spec)
         placed = self._placed([params["queue"]])
-        return placed._create(placed._known_events([params])[0])
+        placed._known_events([params])
+        with tracing.creating("create_todo", (params["queue"],), 1) as creation:
+            params["trace_context"] = creation.context
+            made = placed._create(params)
+            creation.created(made[0].id)
+        return made
 
     def create_many(self, todos: Iterable[Mapping[str, Any]]) -> list[tuple[Todo, bool]]:
         """Enqueue many todos in one statement; each mapping takes `create_todo`'s arguments.
@@ -93,6 +98,16 @@ class Creating(Machinery):
         """
         specs, refs = graphs.split_refs(todos)
         batch = validation.creations(specs)
+        with tracing.creating("create_many", {p["queue"] for p in batch}, len(batch)) as creation:
+            if creation.context is not None:
+                for params in batch:
+                    params["trace_context"] = creation.context
+            return self._create_batch(batch, refs)
+
+    def _create_batch(
+        self, batch: list[dict[str, Any]], refs: list[str | None]
+    ) -> list[tuple[Todo, bool]]:
+        """Run `create_many` with a validated batch: a graph, or one statement per database."""
         if any(params["parents"] is not None for params in batch) or any(refs):
             grouped = self._by_database(batch)
             if len(grouped) > 1:
@@ -280,9 +295,14 @@ class Creating(Machinery):
                     f"todo #{number}: enqueue_many cannot make a todo wait for others; create "
                     "todos with `after` through create_many or create_todo."
                 )
-        return sum(
-            placed._enqueue_many(list(rows.values())) for placed, rows in self._by_database(batch)
-        )
+        with tracing.creating("enqueue_many", {p["queue"] for p in batch}, len(batch)) as creation:
+            if creation.context is not None:
+                for params in batch:
+                    params["trace_context"] = creation.context
+            return sum(
+                placed._enqueue_many(list(rows.values()))
+                for placed, rows in self._by_database(batch)
+            )
 
     def _enqueue_many(self, rows: list[dict[str, Any]]) -> int:
         """Run `enqueue_many` with validated rows, all of this manager's database."""
@@ -442,6 +462,7 @@ def _batch_rows(
 ) -> dict[str, Any]:
     """The `rows` and `payloads` of create_many and create_graph (batch_rows in sql/creating.sql):
     each todo's column values, with `more` of its own after them; the payloads are JSON already.
+    The batch's one trace context (tracing.creating) goes beside them.
     """
     rows = [
         [
@@ -468,6 +489,7 @@ def _batch_rows(
         "rows": json.dumps(rows),
         "payloads": "[" + ",".join(p["payload"] for p in batch) + "]",
         "notify": conf.LISTEN,
+        "trace_context": batch[0]["trace_context"] if batch else None,
     }
 
 
@@ -487,4 +509,5 @@ _COPY_COLUMNS: dict[str, tuple[str, Any]] = {
     "fair_key": ("fair_key", None),
     "fair_at": ("fair_at", None),
     "run_after": ("next_retry_at", None),
+    "trace_context": ("trace_context", None),
 }

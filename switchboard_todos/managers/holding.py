@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from switchboard_todos import endings, validation
+from switchboard_todos import endings, tracing, validation
 from switchboard_todos.backoff import retry_schedule
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import TodoConflict
@@ -154,7 +154,11 @@ class Holding(Machinery):
             **validation.arguments(todo_id=todo_id, owner=owner, result=result),
             "notify": conf.LISTEN,
         }
-        return self._held_transition("complete", params, receipt, credential)
+        began = tracing.started()
+        done = self._held_transition("complete", params, receipt, credential)
+        if began is not None:
+            tracing.settled(began, "complete", [done], params["owner"])
+        return done
 
     def complete_many(self, owner: str, results: Mapping[str, Any]) -> list[str]:
         """Mark many todos done, `results` mapping each id to its result, in one statement.
@@ -210,7 +214,11 @@ class Holding(Machinery):
             ),
             "notify": conf.LISTEN,
         }
-        return self._held_transition("fail", params, None, credential)
+        began = tracing.started()
+        failed = self._held_transition("fail", params, None, credential)
+        if began is not None:
+            tracing.settled(began, "fail", [failed], params["owner"])
+        return failed
 
     def release(
         self,
@@ -228,7 +236,11 @@ class Holding(Machinery):
             **validation.arguments(todo_id=todo_id, owner=owner, delay=delay),
             "notify": conf.LISTEN,
         }
-        return self._held_transition("release", params, receipt, credential)
+        began = tracing.started()
+        released = self._held_transition("release", params, receipt, credential)
+        if began is not None:
+            tracing.settled(began, "release", [released], params["owner"])
+        return released
 
     def _held_transition(
         self, name: str, params: dict[str, Any], receipt: Receipt | None, credential: str | None

@@ -42,7 +42,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from switchboard_todos import faults
+from switchboard_todos import faults, tracing
 from switchboard_todos.agents import disconnects, errors, service
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.conf import conf
@@ -97,6 +97,27 @@ async def token_agent() -> Agent:
     if not isinstance(token, AgentToken):  # only requests that passed RequireAuthMiddleware
         raise NotAuthenticated("No verified token came with this call.")
     return token.agent
+
+
+#: The W3C headers of a caller's trace context (tracing.remote).
+_TRACE_HEADERS = frozenset({b"traceparent", b"tracestate", b"baggage"})
+
+
+class TraceContext:
+    """Makes the trace context of a request's `traceparent` header current (tracing.remote):
+    the tool calls it carries, and the todos they create, join the caller's trace."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name in _TRACE_HEADERS
+        }
+        with tracing.remote(headers):
+            await self.app(scope, receive, send)
 
 
 class AllowedHosts:
@@ -263,4 +284,4 @@ def streamable_http(
         backend=BearerAuthBackend(AgentTokens()),
         on_error=refused,
     )
-    return Endpoint(AllowedHosts(HttpsOnly(app)), path, sessions)
+    return Endpoint(AllowedHosts(HttpsOnly(TraceContext(app))), path, sessions)

@@ -33,7 +33,7 @@ $todo.attempt, $todo.max_attempts, $todo.priority, $todo.concurrency_key, $todo.
 $todo.fair_at, $todo.slot,
 $todo.next_retry_at, $todo.result, $todo.errors_dropped, $todo.errors_bytes, $todo.progress,
 $todo.awaited, $todo.parents, $todo.waiting_for, $todo.on_parent_failure,
-$todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at
+$todo.created_at, $todo.updated_at, $todo.claimed_at, $todo.completed_at, $todo.trace_context
 
 -- fragment: created_columns(todo)
 -- todo_columns of a todo just inserted, with NULL for the values its creator gave and for those
@@ -50,7 +50,8 @@ $todo.next_retry_at, NULL::jsonb AS result, NULL::int AS errors_dropped,
 NULL::bigint AS errors_bytes,
 NULL::jsonb AS progress, NULL::boolean AS awaited, $todo.parents, $todo.waiting_for,
 $todo.on_parent_failure, $todo.created_at, $todo.updated_at,
-NULL::timestamptz AS claimed_at, NULL::timestamptz AS completed_at
+NULL::timestamptz AS claimed_at, NULL::timestamptz AS completed_at,
+NULL::text AS trace_context
 
 -- fragment: created_then_held(inserted, notified)
 -- The answer of a create, once its `notified` CTE has run: the todos of `inserted` (created,
@@ -137,15 +138,17 @@ count(*) = cardinality($wanted) AND count(*) FILTER (WHERE $parent.state = 'fail
 -- name: create_todo
 -- Insert a pending todo, or return the live todo that already holds (queue, idempotency_key).
 -- Without %(max_attempts)s (NULL), the todo takes its queue's default (max_attempts_of).
+-- %(trace_context)s: its creator's trace context (tracing.py), NULL when none was active.
 WITH inserted AS (
     INSERT INTO todos (queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, fair_key, fair_at,
-                       next_retry_at)
+                       next_retry_at, trace_context)
     VALUES (%(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
             %(idempotency_key)s, %(assignee)s,
             {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
             %(priority)s, %(concurrency_key)s, %(fair_key)s, {{own_turn}},
-            CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END)
+            CASE WHEN %(run_after)s::timestamptz > now() THEN %(run_after)s::timestamptz END,
+            %(trace_context)s::text)
     {{unless_key_held}}
     RETURNING {{inserted_columns}}
 ),
@@ -173,13 +176,14 @@ waiting AS MATERIALIZED (
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, fair_key, fair_at,
-                       parents, waiting_for, on_parent_failure, next_retry_at)
+                       parents, waiting_for, on_parent_failure, next_retry_at, trace_context)
     SELECT %(id)s, %(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s::jsonb, %(event_id)s,
            %(idempotency_key)s, %(assignee)s,
            {{max_attempts_of(%(max_attempts)s::int, %(queue)s)}},
            %(priority)s, %(concurrency_key)s, %(fair_key)s, {{own_turn}}, %(parents)s::text[],
            waiting.count,
-           %(on_parent_failure)s, CASE WHEN waiting.count > 0 THEN {{blocked}} END
+           %(on_parent_failure)s, CASE WHEN waiting.count > 0 THEN {{blocked}} END,
+           %(trace_context)s::text
       FROM waiting
     {{unless_key_held}}
     RETURNING {{inserted_columns}}
@@ -205,6 +209,7 @@ notified AS (
 -- what it sent: returned, a batch of 1,000 cost more to send and read than to insert. (The
 -- live todos holding the missed keys are not joined in: a generic plan made while `todos`
 -- was nearly empty hashed a sequential scan of it, and every batch read the whole table.)
+-- Every todo of the batch has the one trace context of its creator, %(trace_context)s.
 WITH batch AS (
     SELECT {{batch_columns(given)}}
       FROM {{batch_rows(given)}}
@@ -218,12 +223,12 @@ turned AS MATERIALIZED ({{batch_turns(batch)}}),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, fair_key, fair_at,
-                       next_retry_at)
+                       next_retry_at, trace_context)
     SELECT batch.id, batch.queue, source, kind, title, payload, event_id, idempotency_key,
            assignee,
            coalesce(batch.max_attempts, defaults.max_attempts, %(default_max_attempts)s::int),
            batch.priority, concurrency_key, batch.fair_key, coalesce(turned.fair_at, now()),
-           CASE WHEN run_after > now() THEN run_after END
+           CASE WHEN run_after > now() THEN run_after END, %(trace_context)s::text
       FROM batch
       LEFT JOIN defaults ON defaults.name = batch.queue
       LEFT JOIN turned ON turned.id = batch.id
@@ -275,13 +280,14 @@ turned AS MATERIALIZED ({{batch_turns(batch)}}),
 inserted AS (
     INSERT INTO todos (id, queue, source, kind, title, payload, event_id, idempotency_key,
                        assignee, max_attempts, priority, concurrency_key, fair_key, fair_at,
-                       parents, waiting_for, on_parent_failure, next_retry_at)
+                       parents, waiting_for, on_parent_failure, next_retry_at, trace_context)
     SELECT batch.id, queue, source, kind, title, payload, event_id, idempotency_key, assignee,
            {{max_attempts_of(batch.max_attempts, batch.queue)}}, priority, concurrency_key,
            batch.fair_key, coalesce(turned.fair_at, now()),
            nullif(ARRAY(SELECT jsonb_array_elements_text(batch.parents)), '{}'),
            members_waited + waiting.existing, policy,
-           CASE WHEN members_waited + waiting.existing > 0 THEN {{blocked}} END
+           CASE WHEN members_waited + waiting.existing > 0 THEN {{blocked}} END,
+           %(trace_context)s::text
       FROM batch
       LEFT JOIN turned ON turned.id = batch.id
      CROSS JOIN LATERAL (

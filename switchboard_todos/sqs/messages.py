@@ -23,9 +23,9 @@ import struct
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from hashlib import md5
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from switchboard_todos import validation
+from switchboard_todos import tracing, validation
 from switchboard_todos.exceptions import InvalidTodo
 from switchboard_todos.managers import Receipt
 from switchboard_todos.models import Todo
@@ -42,6 +42,15 @@ _NAME = re.compile(r"[A-Za-z0-9_-](?:[A-Za-z0-9_.-]*[A-Za-z0-9_-])?")
 _RESERVED = ("aws.", "amazon.")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
+
+
+#: X-Ray's trace header (AWSTraceHeader): Root=1-<8 hex: epoch>-<24 hex>;Parent=<16 hex>;
+#: Sampled=<0|1>, in any order, with fields of its own possibly added.
+_XRAY_ROOT = re.compile(r"(?:^|;)\s*Root=1-([0-9a-f]{8})-([0-9a-f]{24})\s*(?:;|$)")
+_XRAY_PARENT = re.compile(r"(?:^|;)\s*Parent=([0-9a-f]{16})\s*(?:;|$)")
+_XRAY_SAMPLED = re.compile(r"(?:^|;)\s*Sampled=1\s*(?:;|$)")
+#: The longest trace header read: X-Ray's are under 100 characters, W3C's traceparent 55.
+MAX_TRACE_HEADER_LENGTH = 1024
 
 
 class Handle(NamedTuple):
@@ -188,3 +197,48 @@ def read_receipt(handle: object) -> Handle | None:
         )
     except (binascii.Error, ValueError, OverflowError, InvalidTodo):
         return None
+
+
+def xray_header(stored: str | None) -> str | None:
+    """A todo's AWSTraceHeader, as ReceiveMessage gives it: its stored trace context
+    (tracing.py) in X-Ray's form, or None."""
+    found = tracing.traceparent(stored)
+    if found is None:
+        return None
+    trace, parent, flags = found
+    sampled = int(flags, 16) & 1
+    return f"Root=1-{trace[:8]}-{trace[8:]};Parent={parent};Sampled={sampled}"
+
+
+def trace_carrier(entry: dict[str, Any]) -> dict[str, str]:
+    """The W3C trace context a SendMessage entry carries (tracing.remote): its `traceparent`
+    (and `tracestate`, `baggage`) String message attributes, else its AWSTraceHeader system
+    attribute (X-Ray's), rewritten as a traceparent. A malformed one is ignored, as W3C Trace
+    Context says; an oversized one too."""
+    found = {
+        name: value
+        for name in ("traceparent", "tracestate", "baggage")
+        if (value := _string_attribute(entry.get("MessageAttributes"), name)) is not None
+    }
+    if "traceparent" in found:
+        return found
+    xray = _string_attribute(entry.get("MessageSystemAttributes"), "AWSTraceHeader")
+    root = parent = None
+    if xray is not None:
+        root, parent = _XRAY_ROOT.search(xray), _XRAY_PARENT.search(xray)
+    if root is None or parent is None:
+        return {}
+    flags = "01" if _XRAY_SAMPLED.search(xray or "") else "00"
+    return {"traceparent": f"00-{root[1]}{root[2]}-{parent[1]}-{flags}"}
+
+
+def _string_attribute(attributes: object, name: str) -> str | None:
+    """The StringValue of attribute `name` of `attributes` (a message's, or its system
+    attributes), when it has one of a readable length."""
+    if not isinstance(attributes, dict):
+        return None
+    attribute = attributes.get(name)
+    value = attribute.get("StringValue") if isinstance(attribute, dict) else None
+    if not isinstance(value, str) or len(value) > MAX_TRACE_HEADER_LENGTH:
+        return None
+    return value

@@ -32,7 +32,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from switchboard_todos import faults, validation
+from switchboard_todos import faults, tracing, validation
 from switchboard_todos.agents import errors, request_cap, serialize, service
 from switchboard_todos.exceptions import InvalidTodo, QueueNotGranted, TodoError
 from switchboard_todos.models import Agent, Todo, known_history
@@ -257,17 +257,19 @@ def _send(agent: Agent, queue: str, entry: dict[str, Any]) -> dict[str, Any]:
     answer = {"MD5OfMessageBody": messages.md5_of_body(body)}
     if attributes:
         answer["MD5OfMessageAttributes"] = messages.md5_of_attributes(attributes)
-    todo, _created = service.create_for(
-        agent,
-        queue=queue,
-        kind=messages.KIND,
-        title=titles.title_of(body),
-        payload={"body": body, "attributes": attributes},
-        idempotency_key=entry.get("MessageDeduplicationId"),
-        # Its tenant, as in SQS's fair queues: the groups of a queue take turns at its receives.
-        fair_key=group,
-        run_after=timezone.now() + timedelta(seconds=delay) if delay else None,
-    )
+    with tracing.remote(messages.trace_carrier(entry)):
+        todo, _created = service.create_for(
+            agent,
+            queue=queue,
+            kind=messages.KIND,
+            title=titles.title_of(body),
+            payload={"body": body, "attributes": attributes},
+            idempotency_key=entry.get("MessageDeduplicationId"),
+            # Its tenant, as in SQS's fair queues: the groups of a queue take turns at its
+            # receives.
+            fair_key=group,
+            run_after=timezone.now() + timedelta(seconds=delay) if delay else None,
+        )
     return {"MessageId": todo.id, **answer}
 
 
@@ -371,6 +373,11 @@ def _message(todo: Todo, wanted: set[str], attribute_names: set[str]) -> dict[st
     group = None if todo.fair_key == todo.source else serialize.key_as_given(todo, todo.fair_key)
     if group is not None and ("All" in wanted or "MessageGroupId" in wanted):
         chosen["MessageGroupId"] = group
+    # The sender's trace (its AWSTraceHeader or traceparent), when it sent one.
+    if todo.trace_context is not None and ("All" in wanted or "AWSTraceHeader" in wanted):
+        header = messages.xray_header(todo.trace_context)
+        if header is not None:
+            chosen["AWSTraceHeader"] = header
     if chosen:
         message["Attributes"] = chosen
     attributes = messages.attributes_of(todo)

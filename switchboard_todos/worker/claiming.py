@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from switchboard_todos import faults
+from switchboard_todos import faults, tracing
 from switchboard_todos.claims.selection import QueueSelection
 from switchboard_todos.models import Todo
 from switchboard_todos.worker.databases import Databases
@@ -71,7 +71,8 @@ class Claimer:
         if todos:
             with hand.lock:
                 hand.stats.claimed += len(todos)
-            runner.batch.extend(Held(todo, leased_at) for todo in todos)
+            traced = tracing.tracer()  # once per batch: its handler runs' spans, or None
+            runner.batch.extend(Held(todo, leased_at, traced) for todo in todos)
             if len(todos) == limit and hand.concurrency > 1:
                 hand.doorbell.ring()  # there may be more: wake an idle runner
         return todos

@@ -12,16 +12,19 @@ import logging
 import time
 from collections.abc import Callable
 from inspect import iscoroutinefunction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
 from django.utils import timezone
 
-from switchboard_todos import faults, handlers, outcomes
+from switchboard_todos import faults, handlers, outcomes, tracing
 from switchboard_todos.exceptions import TodoCancelled, TodoConflict, TodoNotFound, UnknownKind
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker.databases import Databases
 from switchboard_todos.worker.hand import Hand, Held, Runner, database_of, log, logger
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 #: A finished todo waits at most this long for its batch's acknowledgement.
 ACK_DELAY = 0.1
@@ -52,6 +55,17 @@ class Executor:
             hand.running.pop(todo.id, None)
             self.release(held)
             return
+        if held.tracer is None:
+            self._run(runner, held, None)
+            return
+        with tracing.processing(held.tracer, todo) as span:
+            self._run(runner, held, span)
+
+    def _run(self, runner: Runner, held: Held, span: Span | None) -> None:
+        """Run `held`'s handler, within its span when traced (tracing.processing); a failure
+        is stored at once, in the span."""
+        hand = self.hand
+        todo = held.todo
         started = time.perf_counter()
         held.runner, held.started = runner, time.monotonic()
         try:
@@ -59,6 +73,7 @@ class Executor:
             with handlers.running(held.running):
                 value = outcomes.result(handler(todo))
         except BaseException as error:
+            tracing.failed(span, error)
             held.returned = True
             if held.dropped:
                 return  # failed at its timeout, or cancelled: no longer a runner's todo
@@ -135,6 +150,7 @@ class Executor:
             for todo_id, (held, value, _) in acks.items()
             if not held.lost and not held.released and not held.running.cancelled
         }
+        began = tracing.started()
         try:
             stored = set(
                 self.databases.run(
@@ -153,6 +169,9 @@ class Executor:
             )
             stored = self._complete_each(runner, alias, acks, results)
         else:
+            if began is not None:
+                done = [acks[todo_id][0].todo for todo_id in results if todo_id in stored]
+                tracing.settled(began, "complete_many", done, hand.owner)
             missed = {todo_id: value for todo_id, value in results.items() if todo_id not in stored}
             if missed:
                 # Say why: each one's `complete` misses too, and tells a cancel from a loss.

@@ -7,11 +7,14 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from switchboard_todos import handlers, outcomes
 from switchboard_todos.claims.listen import Doorbell
 from switchboard_todos.models import Todo
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 #: The one logger of every role (docs/worker.md names it).
 logger = logging.getLogger("switchboard_todos.worker")
@@ -35,12 +38,15 @@ class Held:
 
     __slots__ = (
         "todo", "leased_at", "finished", "lost", "released", "runner", "started", "returned",
-        "timeout", "dropped", "warned", "running",
+        "timeout", "dropped", "warned", "running", "tracer",
     )  # fmt: skip
 
-    def __init__(self, todo: Todo, leased_at: float) -> None:
+    def __init__(self, todo: Todo, leased_at: float, tracer: Tracer | None = None) -> None:
         self.todo = todo
         self.leased_at = leased_at  # monotonic time the lease was last set (claim, heartbeat)
+        #: What makes its handler run's span (tracing.tracer(), asked once per batch): None,
+        #: untraced.
+        self.tracer = tracer
         self.finished: Callable[[Todo], None] | None = None
         self.lost = False
         self.released = False
