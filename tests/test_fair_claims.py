@@ -296,6 +296,7 @@ def test_a_keyed_creates_probes_are_index_scans_in_the_generic_plan(
         "fair_key": "key-7",
         "run_after": None,
         "notify": False,
+        "trace_context": None,
         "queues": "{default}",
         "priorities": "{0}",
         "keys": "{key-7}",

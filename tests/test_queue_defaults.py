@@ -130,6 +130,7 @@ def test_create_todo_reads_the_queue_row_only_without_max_attempts(
         "fair_key": None,
         "run_after": None,
         "notify": False,
+        "trace_context": None,
     }
     assert sum(settings_reads(plan_of("create_todo", params))) == reads
 

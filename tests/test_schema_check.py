@@ -138,7 +138,7 @@ def test_migrate_fake_initial_over_the_seed_tables_fails_the_check() -> None:
     """The reported fault: --fake-initial over the seed's tables left a schema `check` passed."""
     run(
         "DROP TABLE todos, events, todo_agents, todo_schedules, todo_queues, todo_edges,"
-        " todo_errors CASCADE"
+        " todo_errors, todo_tasks CASCADE"
     )  # every table of ours
     run("DELETE FROM django_migrations WHERE app = 'switchboard_todos'")
     try:
@@ -151,7 +151,7 @@ def test_migrate_fake_initial_over_the_seed_tables_fails_the_check() -> None:
     finally:
         run(
             "DROP TABLE IF EXISTS todos, events, todo_agents, todo_schedules, todo_queues,"
-            " todo_edges, todo_errors CASCADE"
+            " todo_edges, todo_errors, todo_tasks CASCADE"
         )
         run("DELETE FROM django_migrations WHERE app = 'switchboard_todos'")
         call_command("migrate", "switchboard_todos", verbosity=0)
