@@ -43,6 +43,16 @@ RABBITMQ = ("127.0.0.1", 5672)
 AGENT = "bench-celery-brokers"
 #: docs/celery.md's `todo_queue set QUEUE --visibility-timeout`.
 VISIBILITY_TIMEOUT = 1800
+#: The longest a drain may take: moto's server receives ever slower as its queue grows.
+DRAIN_TIMEOUT = 900
+#: What each row measures, and its note.
+FIGURES = (
+    ("publish, .delay() from 1 process", "every call returned"),
+    (
+        f"drain, 1 prefork worker of {CONCURRENCY}",
+        "first task's run to last; the worker started on the backlog",
+    ),
+)
 TARGETS = {"Redis": Target(ratio=0.25), "moto": Target(ratio=2.0)}
 
 
@@ -115,7 +125,11 @@ class Broker:
             try:
                 wait(lambda: self.runs.stat().st_size > 0, f"a first task on {self.name}")
                 first = time.monotonic()
-                wait(lambda: self.runs.stat().st_size >= 2 * count, f"{count} on {self.name}")
+                wait(
+                    lambda: self.runs.stat().st_size >= 2 * count,
+                    f"{count} tasks on {self.name}",
+                    timeout=DRAIN_TIMEOUT,
+                )
             except BenchError as error:
                 raise BenchError(f"{error}; its worker said:\n{self.log.read_text()}") from None
             last = time.monotonic()
@@ -152,31 +166,48 @@ def endpoint_secret() -> str:
     return printed.getvalue().split("AWS_SECRET_ACCESS_KEY=")[1].split()[0]
 
 
-def others(runs: Path, stack: contextlib.ExitStack) -> tuple[list[Broker], list[str]]:
-    """Celery's producers on Redis, RabbitMQ and moto's server where they run; what is not."""
-    from bench.client_tasks import REGION
-    from bench.sqs_clients import moto_server
-
-    brokers, missing = [], []
+def references() -> tuple[list[str], list[str]]:
+    """The brokers beside the endpoint that run here, and why each other one is left out."""
+    present, missing = [], []
     if not answers(REDIS):
         missing.append("Redis ({}:{} does not answer)".format(*REDIS))
     elif importlib.util.find_spec("redis") is None:
         missing.append("Redis (no `redis` package: the dev extra has it)")
     else:
-        brokers.append(Broker("Redis", "redis://{}:{}/0".format(*REDIS), {}, runs / "redis"))
+        present.append("Redis")
     if answers(RABBITMQ):
-        url = "amqp://guest:guest@{}:{}//".format(*RABBITMQ)
-        brokers.append(Broker("RabbitMQ", url, {}, runs / "rabbitmq"))
+        present.append("RabbitMQ")
     else:
         missing.append("RabbitMQ ({}:{} does not answer)".format(*RABBITMQ))
     if importlib.util.find_spec("moto") is None:
         missing.append("moto (not installed)")
     else:
-        moto = stack.enter_context(moto_server()).removeprefix("http://")
-        brokers.append(
-            Broker("moto", f"sqs://bench:bench@{moto}", {"region": REGION}, runs / "moto")
-        )
-    return brokers, missing
+        present.append("moto")
+    return present, missing
+
+
+def rows() -> list[str]:
+    """The names of the rows a run prints here (tests/test_bench.py)."""
+    if importlib.util.find_spec("celery") is None:
+        return []
+    return [row_name(name, what) for name in references()[0] for what, _ in FIGURES]
+
+
+def row_name(reference: str, what: str) -> str:
+    return f"Celery over the SQS endpoint against {reference}, {what}"
+
+
+def reference(name: str, runs: Path, stack: contextlib.ExitStack) -> Broker:
+    """Celery's producer on broker `name` of `references()`, its server started if need be."""
+    from bench.client_tasks import REGION
+    from bench.sqs_clients import moto_server
+
+    if name == "Redis":
+        return Broker(name, "redis://{}:{}/0".format(*REDIS), {}, runs / "redis")
+    if name == "RabbitMQ":
+        return Broker(name, "amqp://guest:guest@{}:{}//".format(*RABBITMQ), {}, runs / "rabbitmq")
+    moto = stack.enter_context(moto_server()).removeprefix("http://")
+    return Broker(name, f"sqs://bench:bench@{moto}", {"region": REGION}, runs / "moto")
 
 
 def run(bench: Bench) -> None:
@@ -187,42 +218,37 @@ def run(bench: Bench) -> None:
     from tests.helpers import documented_transport_options
 
     count = bench.size(full=2000, smoke=20)
+    present, missing = references()
+    if missing:
+        print(f"  (celery_brokers without {', '.join(missing)})", flush=True)
     with contextlib.ExitStack() as stack:
         runs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         env = {**os.environ, "DATABASE_POOL_SIZE": "8"}
         api, _ = stack.enter_context(serve(env, workers=os.cpu_count() or 1))
         host = api.removesuffix("/api").removeprefix("http://")
-        ours = Broker(
-            "the endpoint",
-            f"sqs://{AGENT}:{endpoint_secret()}@{host}",
-            documented_transport_options(),
-            runs / "endpoint",
-            empty=reset,
-        )
-        stack.callback(ours.close)
-        brokers, missing = others(runs, stack)
-        for broker in brokers:
-            stack.callback(broker.close)
-        if missing:
-            print(f"  (celery_brokers without {', '.join(missing)})", flush=True)
-        figures = bench.interleave(
-            {broker.name: partial(broker.measure, count) for broker in [ours, *brokers]}
-        )
-    mine = figures.pop(ours.name)
-    for name, theirs in figures.items():
-        for index, (what, note) in enumerate(
-            (
-                ("publish, .delay() from 1 process", "every call returned"),
-                (
-                    f"drain, 1 prefork worker of {CONCURRENCY}",
-                    "first task's run to last; the worker started on the backlog",
-                ),
+        brokers = [
+            Broker(
+                "the endpoint",
+                f"sqs://{AGENT}:{endpoint_secret()}@{host}",
+                documented_transport_options(),
+                runs / "endpoint",
+                empty=reset,
             )
-        ):
+        ]
+        stack.callback(brokers[0].close)
+        for name in present:
+            brokers.append(reference(name, runs, stack))
+            stack.callback(brokers[-1].close)
+        figures = bench.interleave(
+            {broker.name: partial(broker.measure, count) for broker in brokers}
+        )
+    ours = figures.pop(brokers[0].name)
+    for name, theirs in figures.items():
+        for index, (what, note) in enumerate(FIGURES):
             bench.add(
                 Row(
-                    f"Celery over the SQS endpoint, {what}",
-                    [pair[index] for pair in mine],
+                    row_name(name, what),
+                    [pair[index] for pair in ours],
                     [pair[index] for pair in theirs],
                     f"over {name}",
                     unit="tasks/s",
