@@ -5,8 +5,8 @@ The endpoint is set up as docs/celery.md says: uvicorn serving `SQSAnywhere` (on
 CPU, as in sqs_clients), an agent made with `todo_agent create ... --preset broker`, its secret
 from `todo_agent sqs-credentials`, the queue's visibility timeout set to 1800 s, and the
 documented `broker_transport_options`. Redis (127.0.0.1:6379) and RabbitMQ (127.0.0.1:5672,
-guest/guest) get Celery's defaults, moto's SQS server kombu's but for the region; a broker
-that does not answer is left out, and with Redis the targets' reference.
+guest/guest) get Celery's defaults, moto's SQS server kombu's but for the region. A broker
+that does not run here is left out, with its rows (Redis: the target's reference).
 
 A round, for each broker in turn: this process publishes N no-op tasks with `.delay()`
 (publish rate, every call returned), then one prefork worker of concurrency 4 is started on
