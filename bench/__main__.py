@@ -31,6 +31,7 @@ SCENARIOS = (
     "two_databases",
     "hostile_agent",
     "sqs_clients",
+    "celery_brokers",
     "queue_limits",
     "blocked",
     "fair_queue",

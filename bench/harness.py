@@ -448,10 +448,10 @@ class Bench:
     def size(self, full: T, smoke: T) -> T:
         return smoke if self.smoke else full
 
-    def interleave(self, sides: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
+    def interleave(self, sides: dict[str, Callable[[], T]]) -> dict[str, list[T]]:
         """Run each side once per round, the order rotating each round; per-side figures."""
         names = list(sides)
-        figures: dict[str, list[float]] = {name: [] for name in names}
+        figures: dict[str, list[T]] = {name: [] for name in names}
         self.costs = {}
         for number in range(self.rounds):
             shift = number % len(names)

@@ -145,14 +145,19 @@ def workers(*sides: Side) -> Iterator[None]:
                 send(side, client, 1)
         yield
     finally:
-        for process in started:
-            process.terminate()
-        for process in started:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(started)
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Ask `processes` to stop, all at once; kill those still running after 30 s."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def send(side: Side, client: str, count: int) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -154,3 +155,15 @@ def sqs_post(client: Client, agent: Agent, path: str, action: str, params: dict[
     response = client.post(path, json.dumps(params), content_type=CONTENT_TYPE, headers=headers)
     assert response.status_code == 200, response.content
     return json.loads(response.content)
+
+
+def documented_transport_options() -> dict[str, Any]:
+    """`broker_transport_options` of docs/celery.md's Celery project, as written there."""
+    blocks = re.findall(
+        r"```python\n(.*?)```",
+        (Path(__file__).resolve().parent.parent / "docs" / "celery.md").read_text(),
+        re.S,
+    )
+    settings: dict[str, Any] = {}
+    exec(blocks[0], settings)  # noqa: S102 (the project's own documentation)
+    return dict(settings["broker_transport_options"])

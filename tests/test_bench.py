@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from bench import celery_brokers
 from bench.__main__ import SCENARIOS
 from tests.conftest import ROOT, database_url
 
@@ -61,6 +62,8 @@ ROWS = {
         "hostile agent (concurrent creates): claim p99",
     ],
     "sqs_clients": ["Celery tasks over SQS", "dramatiq tasks over SQS"],
+    # Beside the brokers that run on this machine.
+    "celery_brokers": celery_brokers.rows(),
     "queue_limits": [
         "drain with a queue row that limits nothing, 1 process",
         "drain with a queue row that limits nothing, 2 processes",

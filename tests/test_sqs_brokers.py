@@ -5,7 +5,6 @@ wait for room instead of raising."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -20,8 +19,8 @@ from django.db.models import F
 from switchboard_todos.models import Agent, Todo
 from switchboard_todos.sqs.signing import secret_for
 from tests.asgi import serve
-from tests.conftest import ROOT, child_environment
-from tests.helpers import wait_until
+from tests.conftest import child_environment
+from tests.helpers import documented_transport_options, wait_until
 
 pytestmark = [pytest.mark.clients, pytest.mark.django_db(transaction=True)]
 
@@ -30,14 +29,6 @@ QUOTA = 5
 #: The attempts botocore makes in its default (legacy) mode: the first and 4 retries.
 DEFAULT_ATTEMPTS = 5
 TASK = "tests.celery_tasks.add"
-
-
-def documented_transport_options() -> dict[str, Any]:
-    """`broker_transport_options` of docs/celery.md's Celery project, as written there."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "celery.md").read_text(), re.S)
-    settings: dict[str, Any] = {}
-    exec(blocks[0], settings)  # noqa: S102 (the project's own documentation)
-    return dict(settings["broker_transport_options"])
 
 
 @pytest.fixture(scope="module")
