@@ -27,6 +27,7 @@ SCENARIOS = (
     "pickup",
     "claim_scale",
     "http_agents",
+    "mcp_agents",
     "sqs_agents",
     "two_databases",
     "hostile_agent",

@@ -137,7 +137,7 @@ class Cost:
     client: float
 
 
-def _cpu(pid: int | str, *, children: bool = False) -> float:
+def process_cpu(pid: int | str, *, children: bool = False) -> float:
     """User + system CPU seconds of process `pid` (with `children`, of its reaped children too)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -163,7 +163,7 @@ def server_cpu() -> float:
                     parent = stat.read().rpartition(")")[2].split()[1]
             except OSError:
                 continue
-            total += _cpu(pid, children=not _is_postgres(parent))
+            total += process_cpu(pid, children=not _is_postgres(parent))
     return total
 
 
@@ -283,7 +283,7 @@ class Pool:
 
     def cpu(self) -> float:
         """CPU seconds the worker processes have used so far."""
-        return sum(_cpu(process.pid) for process in self._processes if process.pid)
+        return sum(process_cpu(process.pid) for process in self._processes if process.pid)
 
     def run(
         self,

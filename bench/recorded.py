@@ -30,6 +30,8 @@ RECORDED: dict[str, float] = {
     "drain, Worker with a no-op handler, 4 processes": 0.93,
     "drain, Worker with a no-op handler, 8 processes": 0.85,
     "HTTP agents, claim + complete, 4 agents": 0.45,
+    # MCP over HTTP on one uvicorn process, the run of 2026-12-06 09:01 (issue 36).
+    "MCP agents, claim + complete, 4 agents": 0.30,
     "drain, one database, Workers on both queues, 8 processes": 0.95,
     "drain, two databases, Workers on both queues, 8 processes": 0.88,
     "hostile agent (long polls): 4 agents claim + complete": 0.96,

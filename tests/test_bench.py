@@ -34,7 +34,8 @@ ROWS = {
         "latency p99, polling",
     ],
     "claim_scale": ["1,000 pending, 1 queue", "1,000 pending, 3 queues"],
-    "http_agents": ["claim + complete, 2 agents", "long-poll pickup latency median"],
+    "http_agents": ["HTTP agents, claim + complete, 2 agents", "long-poll pickup latency median"],
+    "mcp_agents": ["MCP agents, claim + complete, 2 agents"],
     "sqs_agents": [
         "SQS send_message_batch of 10",
         "SQS receive_message(10) + delete_message_batch",

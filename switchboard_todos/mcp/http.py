@@ -11,7 +11,8 @@ SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS open sessions.
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,13 @@ from switchboard_todos.agents import disconnects, errors, service
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import NotAuthenticated, Throttled
-from switchboard_todos.mcp.server import UNAVAILABLE, build_server, problem_text, request_scope
+from switchboard_todos.mcp.server import (
+    UNAVAILABLE,
+    build_server,
+    close_threads,
+    problem_text,
+    request_scope,
+)
 from switchboard_todos.models import Agent
 
 logger = logging.getLogger(__name__)
@@ -261,8 +268,14 @@ class Endpoint:
     path: str
     session_manager: StreamableHTTPSessionManager
 
-    def lifespan(self) -> AbstractAsyncContextManager[None]:
-        return self.session_manager.run()
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """The session manager's run; at its end, the tool calls' idle threads ended."""
+        try:
+            async with self.session_manager.run():
+                yield
+        finally:
+            close_threads()
 
 
 def streamable_http(

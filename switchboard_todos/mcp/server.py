@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
-from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from asgiref.sync import ThreadSensitiveContext
 from django.db import DatabaseError, connections
 from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -122,19 +124,71 @@ class PlannedTodo(BaseModel):
     )
 
 
+#: Threads kept idle between calls, for the next ones.
+KEPT_THREADS = 4
+
+
+class Threads:
+    """Single-thread executors, one lent to each call in flight and taken back when it ends.
+
+    A call's database work stays on one thread (Django's connections are per thread), no call
+    queues behind another's, and up to `keep` idle threads outlive their call: a thread started
+    and joined per call (a ThreadSensitiveContext of its own) cost a tool call more than the
+    call's own work (issue 36).
+    """
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._idle: list[ThreadPoolExecutor] = []
+        self._lock = threading.Lock()
+
+    def lend(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return ThreadPoolExecutor(1, thread_name_prefix="switchboard-todos-mcp")
+
+    def take_back(self, thread: ThreadPoolExecutor) -> None:
+        """Keep `thread` for the next call, or (`keep` already idle) let it end."""
+        with self._lock:
+            if len(self._idle) < self._keep:
+                self._idle.append(thread)
+                return
+        thread.shutdown(wait=False)
+
+    def close(self) -> None:
+        """End the idle threads."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for thread in idle:
+            thread.shutdown()
+
+
+_threads = Threads(KEPT_THREADS)
+
+
 @asynccontextmanager
 async def request_scope() -> AsyncIterator[None]:
     """Around each call, what Django's ASGI handler does around a request.
 
-    The ORM runs in a thread of the call's own, as under Django's handler (so that agents do
-    not queue behind one thread), and that thread's database connections are closed (or given
-    back to the pool) when the call ends, since the thread ends with it.
+    The ORM runs on a thread of the call's own, as under Django's handler (so that agents do
+    not queue behind one thread), lent for the call (`Threads`); the call's connections are
+    closed (a pooled one given back to the pool) when it ends, as Django's handler does.
     """
-    async with ThreadSensitiveContext():
-        try:
+    thread = _threads.lend()
+    try:
+        async with ThreadSensitiveContext(executor=thread):
             yield
-        finally:
-            await sync_to_async(connections.close_all)()
+    finally:
+        # Queued on the thread, not awaited: it runs before whatever the next call sends there,
+        # and a cancelled call's connections are closed too.
+        thread.submit(connections.close_all)
+        _threads.take_back(thread)
+
+
+def close_threads() -> None:
+    """End the idle threads of the tool calls (at a server's end)."""
+    _threads.close()
 
 
 def _result(structured: dict[str, Any]) -> CallToolResult:
