@@ -30,46 +30,62 @@ SELECT * FROM found;
 -- name: count_writes
 -- Count %(count)s creations (none, one todo, or every todo of a plan) and %(bytes)s bytes of
 -- JSON against agent %(agent_id)s's quotas of %(quota)s creations and %(byte_quota)s bytes a
--- minute, unless either would go past its quota: then neither is counted. Each quota's window
--- is the minute from the agent's first write it counted after its last window ended (a write
--- that creates nothing leaves the creations' window alone). Returns whether they were counted,
--- whether the bytes fit, and the seconds until the last window of a quota they would pass ends
--- (how long a refused write should wait). The writes of one agent wait on its row in turn.
+-- minute, paced (GCRA): each quota's column holds the time until which its past writes are
+-- paid for, at 60/quota seconds a creation (a byte), so that it refills continuously at the
+-- quota a minute; a write fits when it leaves that time at most %(burst)s seconds ahead of
+-- now() (its burst: that many seconds' worth of the quota at once), or, for a single write
+-- worth more than the burst, when nothing is owed. Past either quota neither is counted.
+-- Returns whether they were counted, whether the bytes fit, and the seconds until the write
+-- would fit (how long a refused write should wait). The writes of one agent wait on its row
+-- in turn.
 WITH agent AS (
     SELECT id,
-           CASE WHEN creates_window > now() - interval '1 minute' THEN creates_window
-                ELSE now() END AS creates_start,
-           CASE WHEN creates_window > now() - interval '1 minute' THEN creates_in_window
-                ELSE 0 END + %(count)s AS created,
-           CASE WHEN bytes_window > now() - interval '1 minute' THEN bytes_window
-                ELSE now() END AS bytes_start,
-           CASE WHEN bytes_window > now() - interval '1 minute' THEN bytes_in_window
-                ELSE 0 END + %(bytes)s AS written
+           greatest(creates_paid_until, now()) AS creates_from,
+           %(count)s * 60.0 / greatest(%(quota)s, 1) * interval '1 second' AS creates_cost,
+           greatest(bytes_paid_until, now()) AS bytes_from,
+           %(bytes)s * 60.0 / %(byte_quota)s * interval '1 second' AS bytes_cost
       FROM todo_agents
      WHERE id = %(agent_id)s
        FOR NO KEY UPDATE
 ),
 verdict AS (
-    SELECT agent.*, %(count)s = 0 OR created <= %(quota)s AS creates_fit,
-           written <= %(byte_quota)s AS bytes_fit
+    SELECT agent.*,
+           creates_from + creates_cost
+             - greatest(%(burst)s::float8 * interval '1 second', creates_cost) AS creates_fit_at,
+           bytes_from + bytes_cost
+             - greatest(%(burst)s::float8 * interval '1 second', bytes_cost) AS bytes_fit_at
       FROM agent
+),
+fit AS (
+    SELECT verdict.*, %(count)s = 0 OR creates_fit_at <= now() AS creates_fit,
+           bytes_fit_at <= now() AS bytes_fit
+      FROM verdict
 ),
 counted AS (
 UPDATE todo_agents
-   SET creates_window = CASE WHEN %(count)s > 0 THEN verdict.creates_start
-                             ELSE todo_agents.creates_window END,
-       creates_in_window = verdict.created,
-       bytes_window = verdict.bytes_start,
-       bytes_in_window = verdict.written
-  FROM verdict
- WHERE todo_agents.id = verdict.id AND verdict.creates_fit AND verdict.bytes_fit
+   SET creates_paid_until = fit.creates_from + fit.creates_cost,
+       bytes_paid_until = fit.bytes_from + fit.bytes_cost
+  FROM fit
+ WHERE todo_agents.id = fit.id AND fit.creates_fit AND fit.bytes_fit
 RETURNING todo_agents.id
 )
 SELECT EXISTS (SELECT FROM counted) AS counted, bytes_fit,
-       extract(epoch FROM greatest(CASE WHEN NOT creates_fit THEN creates_start END,
-                                   CASE WHEN NOT bytes_fit THEN bytes_start END)
-                          + interval '1 minute' - now())::float8 AS window_left
-  FROM verdict;
+       extract(epoch FROM greatest(CASE WHEN NOT creates_fit THEN creates_fit_at END,
+                                   CASE WHEN NOT bytes_fit THEN bytes_fit_at END)
+                          - now())::float8 AS wait
+  FROM fit;
+
+-- name: paced_room
+-- What agent %(agent_id)s may write at once now, by the database's clock (the admin's agent
+-- page): the creations and bytes of JSON its paced quotas (count_writes) have room for.
+SELECT floor(greatest(0, greatest(%(burst)s::float8, 60.0 / %(quota)s)
+                         - extract(epoch FROM greatest(creates_paid_until - now(), interval '0')))
+             * %(quota)s / 60.0)::bigint AS creations,
+       floor(greatest(0, %(burst)s::float8
+                         - extract(epoch FROM greatest(bytes_paid_until - now(), interval '0')))
+             * %(byte_quota)s / 60.0)::bigint AS bytes
+  FROM todo_agents
+ WHERE id = %(agent_id)s;
 
 -- name: held
 -- How many todos %(owner)s holds (claimed, expired or not, until the reaper or another claim

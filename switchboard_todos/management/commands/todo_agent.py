@@ -231,11 +231,18 @@ QUOTAS = {
         "AGENT_MAX_BYTES_PER_MINUTE",
         "bytes of JSON it may write per minute",
     ),
+    "--burst-seconds": (
+        "burst_seconds",
+        "AGENT_BURST_SECONDS",
+        "seconds' worth of its quotas a minute it may spend at once, 1 to 60",
+    ),
 }
 DEFAULT = "default"
 #: Quotas shown only where the agent has its own: the line of every agent would otherwise end in
 #: the same long number of bytes.
-SHOWN_WHEN_SET = {"max_bytes_per_minute"}
+SHOWN_WHEN_SET = {"max_bytes_per_minute", "burst_seconds"}
+#: The most seconds' worth of a minute's quotas an agent may spend at once: the whole minute.
+MAX_BURST_SECONDS = 60
 
 
 def _quota_options(parser: ArgumentParser, kind: Callable[[str], int | None]) -> None:
@@ -271,6 +278,11 @@ def _set_quotas(agent: Agent, options: dict[str, Any]) -> None:
     given.update(
         (field, options[field]) for field, _setting, _what in QUOTAS.values() if field in options
     )
+    burst = given.get("burst_seconds")
+    if burst is not None and burst > MAX_BURST_SECONDS:
+        raise CommandError(
+            f"--burst-seconds must be at most {MAX_BURST_SECONDS} (a whole minute), not {burst}."
+        )
     if given:
         Agent.objects.filter(pk=agent.pk).update(**given)
         agent.refresh_from_db()
