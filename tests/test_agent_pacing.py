@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 
 from switchboard_todos.agents import accounts, service
 from switchboard_todos.exceptions import Throttled
 from switchboard_todos.models import Agent, Todo
-from tests.conftest import run_in_threads
+from tests.conftest import database_url, run_in_threads
 from tests.helpers import db_now
 from tests.test_agent_bytes import of
 
@@ -164,3 +165,27 @@ def test_concurrent_writers_never_pass_the_burst_and_the_rate() -> None:
     created = Todo.objects.filter(queue="race").count()
     assert created + throttled == 240
     assert 6 <= created <= 6 + elapsed, (created, elapsed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_past_the_quota_is_refused_without_waiting_for_the_agents_row() -> None:
+    """Another session holds the agent's row (as its next admitted create would): a create its
+    quota refuses is refused at once, while that lock is still held, rather than queueing on
+    the row with a connection. The test's connection gives up on any lock wait after 5 s (a
+    failure, not a pause)."""
+    agent = accounts.create_agent("queuer", create_queues=["work"])[0]
+    limited(agent, max_creates_per_minute=QUOTA)
+    for _ in range(3):
+        create(agent)
+    with psycopg.connect(database_url(), autocommit=True) as other, other.transaction():
+        other.execute("SELECT 1 FROM todo_agents WHERE id = %s FOR NO KEY UPDATE", [agent.pk])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '5s'")
+        try:
+            with pytest.raises(Throttled) as refused:
+                create(agent)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+    assert 1 <= refused.value.retry_after <= 2  # the database's clock moves here
+    assert Todo.objects.filter(queue="work").count() == 3

@@ -27,53 +27,66 @@ RETURNING todo_agents.id
 )
 SELECT * FROM found;
 
+-- fragment: creates_cost
+-- What %(count)s creations cost of a quota of %(quota)s a minute: their share of the minute.
+(%(count)s * 60.0 / greatest(%(quota)s, 1))::float8 * interval '1 second'
+
+-- fragment: bytes_cost
+-- What %(bytes)s bytes of JSON cost of a quota of %(byte_quota)s a minute.
+(%(bytes)s * 60.0 / %(byte_quota)s)::float8 * interval '1 second'
+
+-- fragment: fit_at(paid_until, cost)
+-- When a write costing `cost` fits a paced quota whose writes are paid for until `paid_until`
+-- (NULL: nothing owed): once it would leave that at most %(burst)s seconds ahead of now() (the
+-- burst), or, for a single write worth more than the burst, once nothing is owed.
+greatest($paid_until, now()) + $cost - greatest(%(burst)s::float8 * interval '1 second', $cost)
+
 -- name: count_writes
 -- Count %(count)s creations (none, one todo, or every todo of a plan) and %(bytes)s bytes of
 -- JSON against agent %(agent_id)s's quotas of %(quota)s creations and %(byte_quota)s bytes a
--- minute, paced (GCRA): each quota's column holds the time until which its past writes are
--- paid for, at 60/quota seconds a creation (a byte), so that it refills continuously at the
--- quota a minute; a write fits when it leaves that time at most %(burst)s seconds ahead of
--- now() (its burst: that many seconds' worth of the quota at once), or, for a single write
--- worth more than the burst, when nothing is owed. Past either quota neither is counted.
--- Returns whether they were counted, whether the bytes fit, and the seconds until the write
--- would fit (how long a refused write should wait). The writes of one agent wait on its row
--- in turn.
-WITH agent AS (
+-- minute, paced (a GCRA): each quota's column holds the time until which the agent's writes
+-- are paid for, at 60/quota seconds a creation (a byte), so that the quota refills
+-- continuously at its rate; a write fits when it leaves that time at most %(burst)s seconds
+-- ahead of now() (fit_at). Past either quota neither is counted. Returns whether they were
+-- counted, whether the bytes fit, and the seconds until the write would fit (how long a refused
+-- write should wait; 0 when it lost the room to a write that queued before it).
+-- The writes of one agent that fit wait on its row in turn; one its quotas refuse as this
+-- statement's snapshot sees them (they only fill up meanwhile) is refused at once, with no
+-- lock: a flood of an agent's writes past its quotas does not queue on its row.
+WITH seen AS (
     SELECT id,
-           greatest(creates_paid_until, now()) AS creates_from,
-           %(count)s * 60.0 / greatest(%(quota)s, 1) * interval '1 second' AS creates_cost,
-           greatest(bytes_paid_until, now()) AS bytes_from,
-           %(bytes)s * 60.0 / %(byte_quota)s * interval '1 second' AS bytes_cost
+           {{fit_at(creates_paid_until, {{creates_cost}})}} AS creates_fit_at,
+           {{fit_at(bytes_paid_until, {{bytes_cost}})}} AS bytes_fit_at
       FROM todo_agents
      WHERE id = %(agent_id)s
+),
+agent AS (
+    -- Locked only where the snapshot's row has room; once locked, the room is tested again
+    -- on the row's latest version (READ COMMITTED's recheck), which a write that queued
+    -- before may have taken: then no row.
+    SELECT id,
+           greatest(creates_paid_until, now()) + {{creates_cost}} AS creates_paid,
+           greatest(bytes_paid_until, now()) + {{bytes_cost}} AS bytes_paid
+      FROM todo_agents
+     WHERE id = %(agent_id)s
+       AND (%(count)s = 0 OR {{fit_at(creates_paid_until, {{creates_cost}})}} <= now())
+       AND {{fit_at(bytes_paid_until, {{bytes_cost}})}} <= now()
        FOR NO KEY UPDATE
-),
-verdict AS (
-    SELECT agent.*,
-           creates_from + creates_cost
-             - greatest(%(burst)s::float8 * interval '1 second', creates_cost) AS creates_fit_at,
-           bytes_from + bytes_cost
-             - greatest(%(burst)s::float8 * interval '1 second', bytes_cost) AS bytes_fit_at
-      FROM agent
-),
-fit AS (
-    SELECT verdict.*, %(count)s = 0 OR creates_fit_at <= now() AS creates_fit,
-           bytes_fit_at <= now() AS bytes_fit
-      FROM verdict
 ),
 counted AS (
 UPDATE todo_agents
-   SET creates_paid_until = fit.creates_from + fit.creates_cost,
-       bytes_paid_until = fit.bytes_from + fit.bytes_cost
-  FROM fit
- WHERE todo_agents.id = fit.id AND fit.creates_fit AND fit.bytes_fit
+   SET creates_paid_until = agent.creates_paid,
+       bytes_paid_until = agent.bytes_paid
+  FROM agent
+ WHERE todo_agents.id = agent.id
 RETURNING todo_agents.id
 )
-SELECT EXISTS (SELECT FROM counted) AS counted, bytes_fit,
-       extract(epoch FROM greatest(CASE WHEN NOT creates_fit THEN creates_fit_at END,
-                                   CASE WHEN NOT bytes_fit THEN bytes_fit_at END)
-                          - now())::float8 AS wait
-  FROM fit;
+SELECT EXISTS (SELECT FROM counted) AS counted,
+       %(count)s > 0 AND bytes_fit_at <= now() AS bytes_fit,
+       coalesce(extract(epoch FROM greatest(
+           CASE WHEN %(count)s > 0 AND creates_fit_at > now() THEN creates_fit_at END,
+           CASE WHEN bytes_fit_at > now() THEN bytes_fit_at END) - now())::float8, 0) AS wait
+  FROM seen;
 
 -- name: paced_room
 -- What agent %(agent_id)s may write at once now, by the database's clock (the admin's agent
