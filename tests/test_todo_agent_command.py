@@ -101,6 +101,9 @@ def test_the_burst_is_whole_seconds_of_one_to_sixty_shown_when_set() -> None:
     assert run("limits", "bot")[0].endswith(", burst_seconds 30.")
     with pytest.raises(CommandError, match="at most 60"):
         run("limits", "bot", "--burst-seconds", "61")
+    with pytest.raises(CommandError, match="at most 60"):
+        run("create", "other", "--burst-seconds", "61")
+    assert not Agent.objects.filter(name="other").exists()
     with pytest.raises(CommandError, match="burst-seconds"):
         run("limits", "bot", "--burst-seconds", "0.5")
     assert Agent.objects.get(name="bot").burst_seconds == 30

@@ -6,7 +6,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from argparse import SUPPRESS, ArgumentParser
+from argparse import SUPPRESS, ArgumentParser, ArgumentTypeError
 from collections.abc import Callable
 from typing import Any
 
@@ -259,11 +259,23 @@ def _quota_options(parser: ArgumentParser, kind: Callable[[str], int | None]) ->
         parser.add_argument(
             flag,
             dest=field,
-            type=kind,
+            type=_within_a_minute(kind) if field == "burst_seconds" else kind,
             default=SUPPRESS,  # left out: unchanged
             metavar="N",
             help=f"Most {what}; default: SWITCHBOARD_TODOS_{setting}.",
         )
+
+
+def _within_a_minute(kind: Callable[[str], int | None]) -> Callable[[str], int | None]:
+    """`kind`, at most MAX_BURST_SECONDS: a burst is never more than the minute it is of."""
+
+    def parse(text: str) -> int | None:
+        value = kind(text)
+        if value is not None and value > MAX_BURST_SECONDS:
+            raise ArgumentTypeError(f"{text!r} must be at most {MAX_BURST_SECONDS}")
+        return value
+
+    return parse
 
 
 def _quota(text: str) -> int | None:
@@ -278,11 +290,6 @@ def _set_quotas(agent: Agent, options: dict[str, Any]) -> None:
     given.update(
         (field, options[field]) for field, _setting, _what in QUOTAS.values() if field in options
     )
-    burst = given.get("burst_seconds")
-    if burst is not None and burst > MAX_BURST_SECONDS:
-        raise CommandError(
-            f"--burst-seconds must be at most {MAX_BURST_SECONDS} (a whole minute), not {burst}."
-        )
     if given:
         Agent.objects.filter(pk=agent.pk).update(**given)
         agent.refresh_from_db()
