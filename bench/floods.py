@@ -206,17 +206,15 @@ NOTES = {
 
 
 def options(bench: Bench, name: str, wait: float) -> dict[str, Any]:
-    """Before a run of flood `name` (after the table's reset): the hostile agent's quotas'
-    windows emptied, as for an agent quiet for a minute (each run starts alike, whatever the
-    run before it used), and the backlog of parents when the flood names one; the options of
-    the flood's threads."""
+    """Before a run of flood `name` (after the table's reset): the hostile agent's paced quotas
+    paid up (its whole burst), as for an agent quiet for a minute (each run starts alike,
+    whatever the run before it used), and the backlog of parents when the flood names one;
+    the options of the flood's threads."""
     from django.db import connection
 
     from switchboard_todos.models import Agent
 
-    Agent.objects.filter(name=HOSTILE).update(
-        creates_window=None, creates_in_window=0, bytes_window=None, bytes_in_window=0
-    )
+    Agent.objects.filter(name=HOSTILE).update(creates_paid_until=None, bytes_paid_until=None)
     chosen: dict[str, Any] = {
         "wait": wait,
         "plan": bench.size(full=499, smoke=50),

@@ -107,6 +107,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors += _number("DEAD_TUPLES_WARNING", low=0, high=None, error_id="switchboard_todos.E011")
     errors += _number("DEFAULT_TTL", low=1, high=43200, error_id="switchboard_todos.E012")
     errors += _number("AGENT_CACHE_SECONDS", low=0, high=3600, error_id="switchboard_todos.E029")
+    errors += _number("AGENT_BURST_SECONDS", low=1, high=60, error_id="switchboard_todos.E030")
     for name, error_id in (
         ("MAX_ERRORS_KEPT", "switchboard_todos.E013"),
         ("MAX_ERROR_HISTORY_BYTES", "switchboard_todos.E028"),

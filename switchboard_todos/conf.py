@@ -80,6 +80,12 @@ DEFAULTS: dict[str, Any] = {
     # notes), unless its own row says otherwise: 600 creates of 27 KiB, or 256 errors of the
     # most that is stored of one (MAX_ERROR_BYTES).
     "AGENT_MAX_BYTES_PER_MINUTE": 16 * 1024 * 1024,
+    # The quotas a minute (creations, bytes) are paced, unless the agent's own row says
+    # otherwise: at most this many seconds' worth of a minute's quota at once (and at least one
+    # write's worth), refilled continuously at the quota's rate. A burst of a whole minute's
+    # creations or bytes in its first second was the other agents' p99 (docs/benchmarks.md);
+    # 60 lets a minute's quota go at once.
+    "AGENT_BURST_SECONDS": 6.0,
     # Seconds a server process keeps what it read of an agent (its grants and quotas) for the
     # verbs whose own statement checks the agent's credential (the HTTP API's claims from
     # queues, heartbeat, complete, fail, release; SQS's receive, delete and visibility
@@ -251,6 +257,10 @@ class Settings:
     @property
     def AGENT_MAX_BYTES_PER_MINUTE(self) -> int:
         return int(self._get("AGENT_MAX_BYTES_PER_MINUTE"))
+
+    @property
+    def AGENT_BURST_SECONDS(self) -> float:
+        return float(self._get("AGENT_BURST_SECONDS"))
 
 
 conf = Settings()

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
-from django.core.validators import RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Cast
@@ -610,12 +610,19 @@ class Agent(models.Model):
             "minute; empty: SWITCHBOARD_TODOS_AGENT_MAX_BYTES_PER_MINUTE."
         ),
     )
-    #: The creation quota's current minute and how many todos it created in it.
-    creates_window = models.DateTimeField(null=True, blank=True, editable=False)
-    creates_in_window = models.IntegerField(default=0, editable=False)
-    #: The byte quota's current minute and how many bytes of JSON it wrote in it.
-    bytes_window = models.DateTimeField(null=True, blank=True, editable=False)
-    bytes_in_window = models.BigIntegerField(db_default=0, default=0, editable=False)
+    burst_seconds = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(60)],
+        help_text=_(
+            "Most seconds' worth of its quotas a minute it may spend at once (1 to 60); empty: "
+            "SWITCHBOARD_TODOS_AGENT_BURST_SECONDS."
+        ),
+    )
+    #: The paced quotas (count_writes, sql/agents.sql): the time until which its creations, and
+    #: its bytes of JSON, are paid for at the quota's rate; empty or past: nothing owed.
+    creates_paid_until = models.DateTimeField(null=True, blank=True, editable=False)
+    bytes_paid_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "todo_agents"

@@ -53,6 +53,10 @@ SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT = env.int(
 SWITCHBOARD_TODOS_AGENT_MAX_CREATES_PER_MINUTE = env.int(
     "SWITCHBOARD_TODOS_AGENT_MAX_CREATES_PER_MINUTE", default=600
 )
+# And the seconds' worth of those it may create at once (tests/test_sqs_brokers.py: a minute's).
+SWITCHBOARD_TODOS_AGENT_BURST_SECONDS = env.float(
+    "SWITCHBOARD_TODOS_AGENT_BURST_SECONDS", default=6.0
+)
 
 # The live HTTPS tests (tests/test_api_live.py) turn these on in the server they start.
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)

@@ -7,6 +7,7 @@ import re
 import pytest
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.test import Client
 
 from switchboard_todos.agents import accounts, service
@@ -119,3 +120,31 @@ def test_quotas_are_edited_in_the_admin_and_at_least_one(admin_client: Client) -
     )
     agent.refresh_from_db()
     assert (agent.max_held, agent.max_creates_per_minute, agent.max_attempts_limit) == (3, None, 9)
+
+
+def test_the_burst_is_edited_from_one_to_sixty(admin_client: Client) -> None:
+    agent, _ = accounts.create_agent("bot", claim_queues=["work"])
+    form = {"claim_queues": "work", "create_queues": "", "is_active": "on"}
+    for value in ("0", "61"):
+        refused = admin_client.post(
+            f"{CHANGELIST}{agent.pk}/change/", {**form, "burst_seconds": value}
+        )
+        assert refused.status_code == 200 and refused.context["errors"]
+    admin_client.post(f"{CHANGELIST}{agent.pk}/change/", {**form, "burst_seconds": "30"})
+    assert Agent.objects.get(pk=agent.pk).burst_seconds == 30
+
+
+def test_the_agent_page_shows_the_room_its_paced_quotas_have_now(admin_client: Client) -> None:
+    """By the database's clock (which stands still in the test's transaction): 6 s of 600
+    creations and 16 MiB a minute at once; 3 s owed of the creations leave half of them."""
+    agent, _ = accounts.create_agent("bot", claim_queues=["work"])
+    page = admin_client.get(f"{CHANGELIST}{agent.pk}/change/").content.decode()
+    assert "60 creations, 1677721 bytes of JSON" in page
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE todo_agents SET creates_paid_until = now() + interval '3 seconds' "
+            "WHERE id = %s",
+            [agent.pk],
+        )
+    page = admin_client.get(f"{CHANGELIST}{agent.pk}/change/").content.decode()
+    assert "30 creations, 1677721 bytes of JSON" in page

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from django.db.models.functions import Now
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos.agents import accounts, service
@@ -85,15 +85,19 @@ def test_the_held_quota_waits_at_most_a_minute(agent: Agent, make_todo: MakeTodo
 
 
 def test_creations_past_the_minute_quota_are_throttled_and_write_nothing(agent: Agent) -> None:
-    limited(agent, max_creates_per_minute=3)
+    """With a burst of the whole minute, its quota at once; the next fits once a creation's
+    share of the minute (60/3 s) has passed by the database's clock."""
+    limited(agent, max_creates_per_minute=3, burst_seconds=60)
     for number in range(3):
         service.create_for(agent, queue="work", kind="k", payload={"n": number})
-    with pytest.raises(Throttled, match="created 3 todos within a minute") as refused:
+    with pytest.raises(Throttled, match="no room for a todo now") as refused:
         service.create_for(agent, queue="work", kind="k", payload={"n": 3})
-    assert 1 <= refused.value.retry_after <= 60
+    assert refused.value.retry_after == 20
     assert Todo.objects.count() == 3
-    Agent.objects.filter(pk=agent.pk).update(creates_window=Now() - timedelta(seconds=61))
-    assert service.create_for(agent, queue="work", kind="k")[1]  # a new minute
+    Agent.objects.filter(pk=agent.pk).update(
+        creates_paid_until=F("creates_paid_until") - timedelta(seconds=20)
+    )
+    assert service.create_for(agent, queue="work", kind="k")[1]  # a creation's share later
 
 
 def test_a_refused_create_does_not_count(agent: Agent) -> None:
@@ -101,7 +105,18 @@ def test_a_refused_create_does_not_count(agent: Agent) -> None:
     with pytest.raises(InvalidTodo):
         service.create_for(agent, queue="work", kind="k", payload=[])  # type: ignore[arg-type]
     assert service.create_for(agent, queue="work", kind="k")[1]
-    assert Agent.objects.get(pk=agent.pk).creates_in_window == 1
+    assert paid_ahead(agent) == pytest.approx(60, abs=1)  # one creation, a minute's share
+
+
+def paid_ahead(agent: Agent) -> float:
+    """Seconds the agent's creations are paid for ahead of the database's clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM creates_paid_until - now())::float8 FROM todo_agents "
+            "WHERE id = %s",
+            [agent.pk],
+        )
+        return float(cursor.fetchone()[0])
 
 
 # Attempts
@@ -227,9 +242,10 @@ def test_what_the_quotas_cost(
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_creations_never_pass_the_quota() -> None:
-    """Eight connections creating at once for one agent: exactly its quota is created."""
+    """Eight connections creating at once for one agent whose burst is its whole minute:
+    exactly its quota is created."""
     agent = accounts.create_agent("racer", create_queues=["race"])[0]
-    limited(agent, max_creates_per_minute=10)
+    limited(agent, max_creates_per_minute=10, burst_seconds=60)
 
     def create(number: int) -> int:
         throttled = 0
@@ -242,4 +258,3 @@ def test_concurrent_creations_never_pass_the_quota() -> None:
 
     assert sum(run_in_threads(8, create)) == 30
     assert Todo.objects.filter(queue="race").count() == 10
-    assert Agent.objects.get(pk=agent.pk).creates_in_window == 10

@@ -199,7 +199,9 @@ def test_a_hundred_failures_of_a_mebibyte_keep_a_bounded_history(server: str) ->
     """Each fail sends 1 MiB of error; the todo keeps the entries of at most 64 KiB that fit in
     256 KiB (MAX_ERROR_HISTORY_BYTES), three, and counts the 97 it dropped. Before, its history
     grew by the whole error at every fail."""
-    token = accounts.create_agent("churner", claim_queues=["churn"])[1]
+    agent, token = accounts.create_agent("churner", claim_queues=["churn"])
+    # Its 6.4 MiB of errors at once: within its minute's 16 MiB, past the burst of 6 s (1.6 MiB).
+    Agent.objects.filter(pk=agent.pk).update(burst_seconds=60)
     todo, _ = Todo.objects.create_todo(queue="churn", kind="k", max_attempts=1000)
     connections.close_all()
     error = "e" * (1024 * 1024 - 100)  # within MAX_JSON_BYTES with the error's JSON around it
@@ -247,7 +249,7 @@ def test_an_agent_at_its_held_quota_is_throttled_and_claims_nothing(server: str)
 
 def test_creations_past_the_minute_quota_are_throttled_and_write_nothing(server: str) -> None:
     agent, token = accounts.create_agent("flooder", create_queues=["flood"])
-    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=5)
+    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=5, burst_seconds=60)
     connections.close_all()
     with agent_client(server, token) as client:
         answers = [
@@ -256,7 +258,7 @@ def test_creations_past_the_minute_quota_are_throttled_and_write_nothing(server:
         ]
     assert [answer.status_code for answer in answers] == [201] * 5 + [429] * 3
     assert 1 <= int(answers[5].headers["Retry-After"]) <= 60
-    assert "created 5 todos within a minute" in answers[5].json()["detail"]
+    assert "no room for a todo now" in answers[5].json()["detail"]
     assert Todo.objects.filter(queue="flood").count() == 5
 
 

@@ -306,7 +306,9 @@ def test_four_consumer_threads_drain_two_thousand_messages_once(
     connect: Callable[..., Client], agent: Agent
 ) -> None:
     """The consumer loop of SQS's documentation: receive up to 10, process, delete in batch."""
-    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=2000)  # the default is 600
+    Agent.objects.filter(pk=agent.pk).update(  # the default is 600, 60 at once
+        max_creates_per_minute=2000, burst_seconds=60
+    )
     sqs = connect(agent)
     queue = url(sqs)
     for start in range(0, 2000, 10):
@@ -382,7 +384,7 @@ def test_a_receive_at_the_held_quota_is_throttled_and_claims_nothing(
 def test_sends_past_the_minute_quota_are_throttled_each_batch_entry_counted(
     connect: Callable[..., Client], agent: Agent
 ) -> None:
-    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=4)
+    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=4, burst_seconds=60)
     connections.close_all()
     sqs = connect(agent)
     queue = url(sqs)

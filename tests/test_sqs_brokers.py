@@ -35,6 +35,9 @@ TASK = "tests.celery_tasks.add"
 def host(django_db_setup: None) -> Iterator[str]:
     environment = {**child_environment(), "DATABASE_POOL_SIZE": "8"}
     environment["SWITCHBOARD_TODOS_AGENT_MAX_CREATES_PER_MINUTE"] = str(QUOTA)
+    # A minute's quota at once, as the default agent's set-up would send it (paced at 6 s, 5 a
+    # minute is one at once): the preset's burst is what is compared.
+    environment["SWITCHBOARD_TODOS_AGENT_BURST_SECONDS"] = "60"
     with serve(environment) as (api, process):
         yield api.removesuffix("/api").removeprefix("http://")
         process.terminate()
@@ -106,14 +109,18 @@ def test_a_throttled_producer_waits_for_room_with_the_documented_retries(
     producer: Callable[..., Celery],
 ) -> None:
     """The send past the quota is refused more times than botocore's default retries allow, and
-    sent once the quota's minute has room: its window is moved back a minute (the quota's
-    clock) rather than a minute waited."""
+    sent once the quota has room: its debt is moved (the quota's clock) rather than waited
+    for. A minute more of it first, so that the 12 s a creation takes to refill at 5 a minute
+    cannot come within botocore's retries (up to 15 s)."""
     plain = agent("plain")
     app = producer(plain, documented_transport_options())
     with app.producer_or_acquire() as sender, ThreadPoolExecutor(1) as thread:
         throttles = throttled_attempts(sender.channel.sqs())
         for key in range(QUOTA):
             app.send_task(TASK, (key,), producer=sender)
+        Agent.objects.filter(pk=plain.pk).update(
+            creates_paid_until=F("creates_paid_until") + timedelta(minutes=1)
+        )
         past = thread.submit(app.send_task, TASK, (QUOTA,), producer=sender)
         wait_until(
             lambda: len(throttles) >= DEFAULT_ATTEMPTS,
@@ -121,7 +128,7 @@ def test_a_throttled_producer_waits_for_room_with_the_documented_retries(
             timeout=60,
         )
         Agent.objects.filter(pk=plain.pk).update(
-            creates_window=F("creates_window") - timedelta(minutes=1)
+            creates_paid_until=F("creates_paid_until") - timedelta(minutes=2)
         )
         past.result(timeout=60)  # raises if the retries gave up
     assert len(throttles) >= DEFAULT_ATTEMPTS

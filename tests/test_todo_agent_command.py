@@ -95,7 +95,28 @@ def test_quotas_are_whole_numbers_of_one_or_more(value: str) -> None:
     assert not Agent.objects.exists()
 
 
-BROKER = {"max_held": 1000, "max_creates_per_minute": 30000, "max_bytes_per_minute": 268435456}
+def test_the_burst_is_whole_seconds_of_one_to_sixty_shown_when_set() -> None:
+    run("create", "bot", "--burst-seconds", "30")
+    assert Agent.objects.get(name="bot").burst_seconds == 30
+    assert run("limits", "bot")[0].endswith(", burst_seconds 30.")
+    with pytest.raises(CommandError, match="at most 60"):
+        run("limits", "bot", "--burst-seconds", "61")
+    with pytest.raises(CommandError, match="at most 60"):
+        run("create", "other", "--burst-seconds", "61")
+    assert not Agent.objects.filter(name="other").exists()
+    with pytest.raises(CommandError, match="burst-seconds"):
+        run("limits", "bot", "--burst-seconds", "0.5")
+    assert Agent.objects.get(name="bot").burst_seconds == 30
+    run("limits", "bot", "--burst-seconds", "default")
+    assert "burst_seconds" not in run("limits", "bot")[0]
+
+
+BROKER = {
+    "max_held": 1000,
+    "max_creates_per_minute": 30000,
+    "max_bytes_per_minute": 268435456,
+    "burst_seconds": 60,
+}
 
 
 def quotas(name: str) -> dict[str, int | None]:
@@ -109,7 +130,7 @@ def test_the_broker_preset_sets_its_quotas_at_creation_and_on_an_agent() -> None
     assert quotas("celery") == BROKER
     assert Agent.objects.get(name="celery").max_attempts_limit is None
     shown = "max_held 1000, max_creates_per_minute 30000, max_attempts_limit 25 (default), "
-    shown += "max_bytes_per_minute 268435456"
+    shown += "max_bytes_per_minute 268435456, burst_seconds 60"
     assert lines[0].endswith(f"; {shown}.")
     assert run("list")[0].endswith(shown)
     run("create", "producer", "--create-queue", "celery")

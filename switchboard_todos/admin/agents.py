@@ -18,11 +18,12 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
 from switchboard_todos.admin.base import RefusesNul
 from switchboard_todos.agents import accounts
+from switchboard_todos.agents.service import quotas
 from switchboard_todos.agents.tokens import issue_token
 from switchboard_todos.models import Agent
 
@@ -45,6 +46,8 @@ FIELDS = [
     "max_creates_per_minute",
     "max_attempts_limit",
     "max_bytes_per_minute",
+    "burst_seconds",
+    "room_now",
     "token_prefix",
     "token_generation",
     "created_at",
@@ -52,7 +55,13 @@ FIELDS = [
 ]
 #: The quotas (empty: the project's SWITCHBOARD_TODOS_AGENT_* setting). Zero would refuse every
 #: claim or creation for good, which revoking the token or dropping a grant says better.
-QUOTAS = ["max_held", "max_creates_per_minute", "max_attempts_limit", "max_bytes_per_minute"]
+QUOTAS = [
+    "max_held",
+    "max_creates_per_minute",
+    "max_attempts_limit",
+    "max_bytes_per_minute",
+    "burst_seconds",
+]
 
 
 if TYPE_CHECKING:
@@ -94,11 +103,22 @@ class AgentAdmin(RefusesNul, AgentModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Agent | None = None) -> list[str]:
         """Tokens are never edited; a name never changes, as the todos it held keep it."""
-        readonly = ["token_prefix", "token_generation", "created_at", "last_seen_at"]
+        readonly = ["room_now", "token_prefix", "token_generation", "created_at", "last_seen_at"]
         return readonly if obj is None else ["name", *readonly]
 
     def get_fields(self, request: HttpRequest, obj: Agent | None = None) -> Any:
         return FIELDS
+
+    @admin.display(description=_("room now"))
+    def room_now(self, obj: Agent) -> str:
+        """What its paced quotas let it write at once now, by the database's clock."""
+        if obj.pk is None:
+            return "-"
+        creations, written = quotas.room(obj)
+        return gettext("%(creations)d creations, %(bytes)d bytes of JSON") % {
+            "creations": creations,
+            "bytes": written,
+        }
 
     def save_model(
         self, request: HttpRequest, obj: Agent, form: ModelForm[Agent], change: bool

@@ -27,49 +27,78 @@ RETURNING todo_agents.id
 )
 SELECT * FROM found;
 
+-- fragment: creates_cost
+-- What %(count)s creations cost of a quota of %(quota)s a minute: their share of the minute.
+(%(count)s * 60.0 / greatest(%(quota)s, 1))::float8 * interval '1 second'
+
+-- fragment: bytes_cost
+-- What %(bytes)s bytes of JSON cost of a quota of %(byte_quota)s a minute.
+(%(bytes)s * 60.0 / %(byte_quota)s)::float8 * interval '1 second'
+
+-- fragment: fit_at(paid_until, cost)
+-- When a write costing `cost` fits a paced quota whose writes are paid for until `paid_until`
+-- (NULL: nothing owed): once it would leave that at most %(burst)s seconds ahead of now() (the
+-- burst), or, for a single write worth more than the burst, once nothing is owed.
+greatest($paid_until, now()) + $cost - greatest(%(burst)s::float8 * interval '1 second', $cost)
+
 -- name: count_writes
 -- Count %(count)s creations (none, one todo, or every todo of a plan) and %(bytes)s bytes of
 -- JSON against agent %(agent_id)s's quotas of %(quota)s creations and %(byte_quota)s bytes a
--- minute, unless either would go past its quota: then neither is counted. Each quota's window
--- is the minute from the agent's first write it counted after its last window ended (a write
--- that creates nothing leaves the creations' window alone). Returns whether they were counted,
--- whether the bytes fit, and the seconds until the last window of a quota they would pass ends
--- (how long a refused write should wait). The writes of one agent wait on its row in turn.
-WITH agent AS (
+-- minute, paced (a GCRA): each quota's column holds the time until which the agent's writes
+-- are paid for, at 60/quota seconds a creation (a byte), so that the quota refills
+-- continuously at its rate; a write fits when it leaves that time at most %(burst)s seconds
+-- ahead of now() (fit_at). Past either quota neither is counted. Returns whether they were
+-- counted, whether the bytes fit, and the seconds until the write would fit (how long a refused
+-- write should wait; 0 when it lost the room to a write that queued before it).
+-- The writes of one agent that fit wait on its row in turn; one its quotas refuse as this
+-- statement's snapshot sees them (they only fill up meanwhile) is refused at once, with no
+-- lock: a flood of an agent's writes past its quotas does not queue on its row.
+WITH seen AS (
     SELECT id,
-           CASE WHEN creates_window > now() - interval '1 minute' THEN creates_window
-                ELSE now() END AS creates_start,
-           CASE WHEN creates_window > now() - interval '1 minute' THEN creates_in_window
-                ELSE 0 END + %(count)s AS created,
-           CASE WHEN bytes_window > now() - interval '1 minute' THEN bytes_window
-                ELSE now() END AS bytes_start,
-           CASE WHEN bytes_window > now() - interval '1 minute' THEN bytes_in_window
-                ELSE 0 END + %(bytes)s AS written
+           {{fit_at(creates_paid_until, {{creates_cost}})}} AS creates_fit_at,
+           {{fit_at(bytes_paid_until, {{bytes_cost}})}} AS bytes_fit_at
       FROM todo_agents
      WHERE id = %(agent_id)s
-       FOR NO KEY UPDATE
 ),
-verdict AS (
-    SELECT agent.*, %(count)s = 0 OR created <= %(quota)s AS creates_fit,
-           written <= %(byte_quota)s AS bytes_fit
-      FROM agent
+agent AS (
+    -- Locked only where the snapshot's row has room; once locked, the room is tested again
+    -- on the row's latest version (READ COMMITTED's recheck), which a write that queued
+    -- before may have taken: then no row.
+    SELECT id,
+           greatest(creates_paid_until, now()) + {{creates_cost}} AS creates_paid,
+           greatest(bytes_paid_until, now()) + {{bytes_cost}} AS bytes_paid
+      FROM todo_agents
+     WHERE id = %(agent_id)s
+       AND (%(count)s = 0 OR {{fit_at(creates_paid_until, {{creates_cost}})}} <= now())
+       AND {{fit_at(bytes_paid_until, {{bytes_cost}})}} <= now()
+       FOR NO KEY UPDATE
 ),
 counted AS (
 UPDATE todo_agents
-   SET creates_window = CASE WHEN %(count)s > 0 THEN verdict.creates_start
-                             ELSE todo_agents.creates_window END,
-       creates_in_window = verdict.created,
-       bytes_window = verdict.bytes_start,
-       bytes_in_window = verdict.written
-  FROM verdict
- WHERE todo_agents.id = verdict.id AND verdict.creates_fit AND verdict.bytes_fit
+   SET creates_paid_until = agent.creates_paid,
+       bytes_paid_until = agent.bytes_paid
+  FROM agent
+ WHERE todo_agents.id = agent.id
 RETURNING todo_agents.id
 )
-SELECT EXISTS (SELECT FROM counted) AS counted, bytes_fit,
-       extract(epoch FROM greatest(CASE WHEN NOT creates_fit THEN creates_start END,
-                                   CASE WHEN NOT bytes_fit THEN bytes_start END)
-                          + interval '1 minute' - now())::float8 AS window_left
-  FROM verdict;
+SELECT EXISTS (SELECT FROM counted) AS counted,
+       %(count)s > 0 AND bytes_fit_at <= now() AS bytes_fit,
+       coalesce(extract(epoch FROM greatest(
+           CASE WHEN %(count)s > 0 AND creates_fit_at > now() THEN creates_fit_at END,
+           CASE WHEN bytes_fit_at > now() THEN bytes_fit_at END) - now())::float8, 0) AS wait
+  FROM seen;
+
+-- name: paced_room
+-- What agent %(agent_id)s may write at once now, by the database's clock (the admin's agent
+-- page): the creations and bytes of JSON its paced quotas (count_writes) have room for.
+SELECT floor(greatest(0, greatest(%(burst)s::float8, 60.0 / %(quota)s)
+                         - extract(epoch FROM greatest(creates_paid_until - now(), interval '0')))
+             * %(quota)s / 60.0)::bigint AS creations,
+       floor(greatest(0, %(burst)s::float8
+                         - extract(epoch FROM greatest(bytes_paid_until - now(), interval '0')))
+             * %(byte_quota)s / 60.0)::bigint AS bytes
+  FROM todo_agents
+ WHERE id = %(agent_id)s;
 
 -- name: held
 -- How many todos %(owner)s holds (claimed, expired or not, until the reaper or another claim

@@ -2,6 +2,8 @@
 bytes of JSON it may write a minute, and the attempts a todo it creates may have. Each is its
 Agent field, else the project's setting.
 
+The quotas a minute are paced: at most `burst_seconds`' worth of a minute's quota at once,
+refilled continuously, so that a hostile agent cannot spend its minute in the first second.
 A claim past `max_held`, and a write past `max_creates_per_minute` or `max_bytes_per_minute`,
 are Throttled, with the time until there is room again; a `max_attempts` above the limit is
 InvalidTodo, as waiting would never make it acceptable.
@@ -61,9 +63,9 @@ def refuse_at_held_quota(agent: Agent, aliases: list[str], quota: int) -> None:
 
 def count_creates(agent: Agent, count: int, size: int) -> None:
     """Count `count` creations, whose payloads are `size` bytes of JSON, against the agent's
-    quotas a minute (count_writes, agents.sql): Throttled, and nothing counted, past either;
-    InvalidTodo when `count` is more than the whole quota, which waiting would never make room
-    for."""
+    paced quotas a minute (count_writes, agents.sql): Throttled, and nothing counted, past
+    either; InvalidTodo when `count` is more than the whole quota, which waiting would never
+    make room for."""
     quota = _quota(agent.max_creates_per_minute, conf.AGENT_MAX_CREATES_PER_MINUTE)
     if count > quota:
         raise InvalidTodo(
@@ -72,15 +74,15 @@ def count_creates(agent: Agent, count: int, size: int) -> None:
             f"{agent.name!r} may create in a minute (max_creates_per_minute {quota}): make it "
             "smaller; nothing was created."
         )
-    window_left = _count(agent, count, quota, size)
-    if window_left is not None:
-        full = f"created {quota} todos within a minute, its quota (max_creates_per_minute)"
-        if count > 1:
-            full = (
-                f"would pass its quota of {quota} todos a minute (max_creates_per_minute) "
-                f"with {count} more"
-            )
-        raise _throttled(f"Agent {agent.name!r} {full}; nothing was created.", window_left)
+    wait = _count(agent, count, quota, size)
+    if wait is not None:
+        what = "a todo" if count == 1 else f"{count} creations"
+        raise _throttled(
+            f"Agent {agent.name!r} has no room for {what} now: its quota of {quota} todos a "
+            f"minute (max_creates_per_minute) is paced, at most {_burst_text(agent)} seconds' "
+            "worth at once; nothing was created.",
+            wait,
+        )
 
 
 def count_bytes(agent: Agent, text: str | None) -> None:
@@ -91,9 +93,32 @@ def count_bytes(agent: Agent, text: str | None) -> None:
         _count(agent, 0, 0, size)
 
 
+def burst_seconds(agent: Agent) -> float:
+    """The most seconds' worth of its quotas a minute the agent may spend at once: its own
+    `burst_seconds`, else SWITCHBOARD_TODOS_AGENT_BURST_SECONDS."""
+    own = agent.burst_seconds
+    return conf.AGENT_BURST_SECONDS if own is None else float(own)
+
+
+def room(agent: Agent) -> tuple[int, int]:
+    """The creations and bytes of JSON the agent may write at once now (paced_room)."""
+    with cursors.cursor(connections[router.db_for_read(Agent)]) as cursor:
+        cursor.execute(
+            agent_queries["paced_room"],
+            {
+                "agent_id": agent.pk,
+                "quota": _quota(agent.max_creates_per_minute, conf.AGENT_MAX_CREATES_PER_MINUTE),
+                "byte_quota": _quota(agent.max_bytes_per_minute, conf.AGENT_MAX_BYTES_PER_MINUTE),
+                "burst": burst_seconds(agent),
+            },
+        )
+        row = cursor.fetchone()
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
 def _count(agent: Agent, count: int, quota: int, size: int) -> float | None:
     """Run count_writes: None once counted; Throttled past the quota of bytes (InvalidTodo
-    for more than all of it); past the creations' quota, the seconds until it has room."""
+    for more than all of it); past the creations' quota, the seconds until the write fits."""
     byte_quota = _quota(agent.max_bytes_per_minute, conf.AGENT_MAX_BYTES_PER_MINUTE)
     if size > byte_quota:
         raise InvalidTodo(
@@ -109,21 +134,27 @@ def _count(agent: Agent, count: int, quota: int, size: int) -> float | None:
                 "quota": quota,
                 "bytes": size,
                 "byte_quota": byte_quota,
+                "burst": burst_seconds(agent),
             },
         )
         row = cursor.fetchone()
     if row is None:
         raise NotAuthenticated("Unknown token.")  # the agent was deleted since the request began
-    counted, bytes_fit, window_left = row
+    counted, bytes_fit, wait = row
     if counted:
         return None
     if not bytes_fit:
         raise _throttled(
-            f"Agent {agent.name!r} would pass its quota of {byte_quota} bytes of JSON a minute "
-            f"(max_bytes_per_minute) with {size} more; nothing was written.",
-            window_left,
+            f"Agent {agent.name!r} has no room for {size} more bytes now: its quota of "
+            f"{byte_quota} bytes of JSON a minute (max_bytes_per_minute) is paced, at most "
+            f"{_burst_text(agent)} seconds' worth at once; nothing was written.",
+            wait,
         )
-    return float(window_left)
+    return float(wait)
+
+
+def _burst_text(agent: Agent) -> str:
+    return f"{burst_seconds(agent):g}"
 
 
 def max_attempts(agent: Agent, given: int | None) -> int:

@@ -6,7 +6,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from argparse import SUPPRESS, ArgumentParser
+from argparse import SUPPRESS, ArgumentParser, ArgumentTypeError
 from collections.abc import Callable
 from typing import Any
 
@@ -231,11 +231,18 @@ QUOTAS = {
         "AGENT_MAX_BYTES_PER_MINUTE",
         "bytes of JSON it may write per minute",
     ),
+    "--burst-seconds": (
+        "burst_seconds",
+        "AGENT_BURST_SECONDS",
+        "seconds' worth of its quotas a minute it may spend at once, 1 to 60",
+    ),
 }
 DEFAULT = "default"
 #: Quotas shown only where the agent has its own: the line of every agent would otherwise end in
 #: the same long number of bytes.
-SHOWN_WHEN_SET = {"max_bytes_per_minute"}
+SHOWN_WHEN_SET = {"max_bytes_per_minute", "burst_seconds"}
+#: The most seconds' worth of a minute's quotas an agent may spend at once: the whole minute.
+MAX_BURST_SECONDS = 60
 
 
 def _quota_options(parser: ArgumentParser, kind: Callable[[str], int | None]) -> None:
@@ -252,11 +259,23 @@ def _quota_options(parser: ArgumentParser, kind: Callable[[str], int | None]) ->
         parser.add_argument(
             flag,
             dest=field,
-            type=kind,
+            type=_within_a_minute(kind) if field == "burst_seconds" else kind,
             default=SUPPRESS,  # left out: unchanged
             metavar="N",
             help=f"Most {what}; default: SWITCHBOARD_TODOS_{setting}.",
         )
+
+
+def _within_a_minute(kind: Callable[[str], int | None]) -> Callable[[str], int | None]:
+    """`kind`, at most MAX_BURST_SECONDS: a burst is never more than the minute it is of."""
+
+    def parse(text: str) -> int | None:
+        value = kind(text)
+        if value is not None and value > MAX_BURST_SECONDS:
+            raise ArgumentTypeError(f"{text!r} must be at most {MAX_BURST_SECONDS}")
+        return value
+
+    return parse
 
 
 def _quota(text: str) -> int | None:
