@@ -6,6 +6,7 @@ the database's clock stands still in a test's transaction, so the figures are ex
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
@@ -74,6 +75,23 @@ def test_a_burst_past_the_allowance_is_throttled_until_a_creation_refills(agent:
     assert refused.value.retry_after == 2  # a creation's share of the minute
     assert str(refused.value).endswith("Try again in 2 s.")
     assert Todo.objects.count() == 3 and owed(agent) == 6.0  # nothing counted
+
+
+def test_refused_writes_are_told_one_turn_each(agent: Agent) -> None:
+    """Ten requests refused at once are told to come back one creation's share of the minute
+    apart (2 s here), not all at the same moment, to be refused again together."""
+    for _ in range(3):
+        create(agent)
+    began = time.monotonic()
+    told = []
+    for _ in range(10):
+        with pytest.raises(Throttled) as refused:
+            create(agent)
+        told.append(refused.value.retry_after)
+    elapsed = time.monotonic() - began
+    assert told == sorted(told)
+    assert told[-1] - told[0] >= 9 * 2 - elapsed - 1  # whole seconds: one of rounding
+    assert Todo.objects.count() == 3
 
 
 def test_the_quota_refills_by_the_database_clock_up_to_the_burst(agent: Agent) -> None:

@@ -11,6 +11,9 @@ InvalidTodo, as waiting would never make it acceptable.
 
 from __future__ import annotations
 
+import threading
+import time
+
 from django.db import connections, router
 
 from switchboard_todos import cursors, validation
@@ -76,6 +79,7 @@ def count_creates(agent: Agent, count: int, size: int) -> None:
         )
     wait = _count(agent, count, quota, size)
     if wait is not None:
+        wait = _turn(agent, "creations", wait, count * 60 / quota)
         what = "a todo" if count == 1 else f"{count} creations"
         raise _throttled(
             f"Agent {agent.name!r} has no room for {what} now: its quota of {quota} todos a "
@@ -144,6 +148,7 @@ def _count(agent: Agent, count: int, quota: int, size: int) -> float | None:
     if counted:
         return None
     if not bytes_fit:
+        wait = _turn(agent, "bytes", wait, size * 60 / byte_quota)
         raise _throttled(
             f"Agent {agent.name!r} has no room for {size} more bytes now: its quota of "
             f"{byte_quota} bytes of JSON a minute (max_bytes_per_minute) is paced, at most "
@@ -151,6 +156,29 @@ def _count(agent: Agent, count: int, quota: int, size: int) -> float | None:
             wait,
         )
     return float(wait)
+
+
+#: The turn this process last told a refused write of each agent (by its token's hash: a new
+#: token starts afresh) and quota to come back at (`_turn`), in time.monotonic().
+_turns: dict[tuple[str, str], float] = {}
+_turns_lock = threading.Lock()
+
+
+def _turn(agent: Agent, paced: str, wait: float, worth: float) -> float:
+    """How long to tell a write the `paced` quota refused to wait: `wait`, the time until it
+    fits, or the next free turn of the agent's refused writes, whichever is later; a turn lasts
+    what the write is `worth` at the quota's pace (its seconds' share of a minute's quota).
+
+    Told the same `wait`, 120 refused requests would come back at once and be refused again
+    (each refusal is a request the server answers); told one turn each, callers that obey
+    Retry-After come back at the quota's pace, and most of them are then let through. Turns are
+    this process's: each server process paces the refusals it answers.
+    """
+    now = time.monotonic()
+    with _turns_lock:
+        turn = max(_turns.get((agent.token_hash, paced), 0.0) + worth, now + wait)
+        _turns[(agent.token_hash, paced)] = turn
+    return turn - now
 
 
 def _burst_text(agent: Agent) -> str:
