@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connections, transaction
 
 from switchboard_todos.claims.marks import (
     BELOW_ALL,
     FROM_HEAD,
     FULL_SCAN_EVERY,
     MARK_SLACK,
+    MARK_TRAIL,
     NO_QUEUE,
     ClaimMarks,
     Marks,
@@ -147,3 +150,57 @@ def test_a_todo_created_after_a_keyed_backlog_ran_ahead_is_claimed_at_once(clock
     late, _ = Todo.objects.create_todo(kind="k")
     found = Todo.objects.claim_next("default", "w1", 30)
     assert found is not None and found.id == late.id
+
+
+def test_a_mark_trails_the_claims_that_move_it() -> None:
+    """The lowest mark set within MARK_TRAIL (and the last one before it) is the mark."""
+    clock = Clock()
+    own = Marks(clock)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    assert own.for_claim("default", ["a"]).full_scan  # the first: the next ones read the marks
+    for second in range(5):  # a drain passing 10 s of turns each 0.2 s
+        own.claimed("default", [("a", 0, at + timedelta(seconds=10 * second))])
+        clock.now += MARK_TRAIL / 2.5
+    assert (
+        own.for_claim("default", ["a"]).group_marks[-1] == at + timedelta(seconds=10) - MARK_SLACK
+    )
+    own.claimed("default", [("a", 0, at)])  # a lower one wins at once
+    assert own.for_claim("default", ["a"]).group_marks[-1] == at - MARK_SLACK
+    clock.now += MARK_TRAIL
+    own.claimed("default", [("a", 0, at + HOUR)])
+    assert own.for_claim("default", ["a"]).group_marks[-1] == at - MARK_SLACK
+    clock.now += MARK_TRAIL
+    own.claimed("default", [("a", 0, at + 2 * HOUR)])
+    assert own.for_claim("default", ["a"]).group_marks[-1] == at + HOUR - MARK_SLACK
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_quiet_key_s_todo_committed_after_claims_passed_its_turn_is_claimed_next(
+    clock: Clock,
+) -> None:
+    """Reproduction: a create reads the head's turn, and claims of the backlog move past it by
+    more than MARK_SLACK before it commits (a fast drain: the fair_queue scenario). Its todo
+    was behind the mark, and the quiet keys' todos created next took the same turn: they
+    waited for the next full scan, or the backlog's end. The mark trails the claims now."""
+    Todo.objects.enqueue_many({"kind": "k", "fair_key": "noisy"} for _ in range(5000))
+    assert len(Todo.objects.claim_batch("default", "w1", 30, 100)) == 100
+    read, commit, quiet = threading.Event(), threading.Event(), {}
+
+    def create() -> None:
+        try:
+            with transaction.atomic():
+                quiet["todo"], _ = Todo.objects.create_todo(kind="k", fair_key="quiet")
+                read.set()
+                assert commit.wait(30)
+        finally:
+            connections.close_all()
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    assert read.wait(30)
+    for _ in range(3):  # 3 s of the backlog's turns, past the quiet todo's
+        assert len(Todo.objects.claim_batch("default", "w1", 30, 1000)) == 1000
+    commit.set()
+    creator.join(30)
+    found = Todo.objects.claim_next("default", "w1", 30)
+    assert found is not None and found.id == quiet["todo"].id

@@ -16,6 +16,7 @@ from django.db.models.functions import Now
 from switchboard_todos.exceptions import InvalidTodo, WorkerCrashed
 from switchboard_todos.models import State, Todo
 from switchboard_todos.worker import Worker, WorkerStats, default_owner
+from switchboard_todos.worker.claiming import EXPRESS_GAP
 from switchboard_todos.worker.hand import Held, Runner
 from tests import worker_handlers  # noqa: F401 (registers the handlers)
 from tests.helpers import open_gate, started_lines, wait_until
@@ -556,3 +557,67 @@ def test_backend_serves_the_queues_of_a_tasks_alias(caplog: pytest.LogCaptureFix
 def test_the_command_refuses_bad_queue_options(arguments: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=message):
         call_command("todo_worker", *arguments)
+
+
+# The express claim: a fair key's new todo overtakes the batch a busy worker holds. A worker
+# claims a batch and runs it; a todo that arrives meanwhile waited for the next claim, up to a
+# whole batch's run, though its fair key's turn is at the head of the queue. Told of it
+# (NOTIFY), a runner whose batch holds todos of fair keys claims a few todos before its next
+# one (worker/claiming.py), and runs them next. A queue without fair keys pays nothing: there
+# a new todo is last in line anyway.
+
+#: The batch the runner holds when the newcomer arrives: the gated todo, then these many more.
+BEHIND = 5
+
+
+def run_with_newcomer(
+    background: Callable[[Worker], Background], gate: dict[str, str], key: str | None
+) -> tuple[list[str], Todo, Background]:
+    """A worker takes a batch of `key`'s todos, the first of them held at the gate; a todo of
+    another key ("quiet", or none with `key` None) arrives; then the gate opens. Returns the ids
+    in the order their handlers started, the newcomer, and the stopped worker."""
+    quick = "noisy" if key else None
+    Todo.objects.create_todo(kind="test.noop", fair_key=quick)
+    batch = [
+        todo
+        for todo, _ in Todo.objects.create_many(
+            [{"kind": "test.gate", "payload": gate, "fair_key": key}] * (1 + BEHIND)
+        )
+    ]
+    # The first claim is a single todo; its speed sizes the next: the whole gated batch.
+    running = background(Worker(batch_size=50, poll_interval=60))
+    wait_until(lambda: started_lines(gate), "the batch's first todo to start")
+    assert Todo.objects.filter(pk__in=[todo.pk for todo in batch], state=State.CLAIMED).count() == (
+        1 + BEHIND
+    )
+    doorbell = running.worker._hand.doorbell
+    told = doorbell.news
+    newcomer, _ = Todo.objects.create_todo(
+        kind="test.gate", payload=gate, fair_key="quiet" if key else None
+    )
+    wait_until(lambda: doorbell.news > told, "the notification of the newcomer")
+    time.sleep(EXPRESS_GAP)  # the least time between two claims of the process: a lower bound
+    open_gate(gate)
+    wait_until(lambda: not Todo.objects.exclude(state=State.DONE).exists(), "every todo to be done")
+    running.worker.stop()
+    running.join()
+    return [line.split()[0] for line in started_lines(gate)], newcomer, running
+
+
+def test_a_fair_key_s_new_todo_runs_before_the_rest_of_the_batch(
+    background: Callable[[Worker], Background], gate: dict[str, str]
+) -> None:
+    started, newcomer, running = run_with_newcomer(background, gate, "noisy")
+    assert len(started) == 2 + BEHIND
+    assert started[1] == newcomer.id, "the newcomer waited for the batch"
+    assert running.stats is not None and running.stats.expressed == 1
+
+
+def test_without_fair_keys_a_busy_worker_claims_nothing_more(
+    background: Callable[[Worker], Background], gate: dict[str, str]
+) -> None:
+    """FIFO: the newcomer is last in line, so a claim ahead of the batch would take the batch's
+    neighbours, not it; the worker claims again only when its batch is done."""
+    started, newcomer, running = run_with_newcomer(background, gate, None)
+    assert started[-1] == newcomer.id
+    assert running.stats is not None and running.stats.expressed == 0

@@ -78,7 +78,9 @@ class Doorbell:
     """Wakes the threads of a worker waiting for work in some queues, one per ring.
 
     A ring nobody is waiting for is kept (up to `capacity`), so work that arrives between a
-    waiter's empty claim and its wait is not missed.
+    waiter's empty claim and its wait is not missed. `news` is the monotonic time of the last
+    notification it wanted: what a busy worker compares with its last claim (worker/claiming.py,
+    the express claim).
     """
 
     def __init__(
@@ -94,10 +96,12 @@ class Doorbell:
         self._capacity = capacity
         self._rings = 0
         self._condition = threading.Condition()
+        self.news = 0.0
 
     def notify(self, queue: str) -> None:
         """Ring once for new work in a queue it `wants`."""
         if self.wants(queue):
+            self.news = time.monotonic()
             self.ring()
 
     def ring(self, count: int = 1) -> None:

@@ -17,6 +17,17 @@ The claim's scan for expired leases (idx_todos_lease) meets the same dead entrie
 claim and heartbeat, at the head of that index: it runs only in full scans, and the reaper
 takes expired leases back meanwhile.
 
+A mark trails this process's claims by MARK_TRAIL seconds of its clock: it is the lowest of
+the marks its claims set within that time, and of the last one set before it. A fair key's
+turns run ahead of the clock, and a fast drain moves through them quicker than the clock: four
+processes claiming 20,000 todos a second of one key pass 20 s of its turns a second. A todo of
+another key takes the head's turn as its create statement read it (fair_turn, shared.sql), and
+by the time it commits, claims of that head may have moved a mark set from the turn just
+claimed past it by more than MARK_SLACK. It was then behind the mark, and the todos of quiet
+keys created next took its turn, the head, and joined it: a quiet tenant waited for the next
+full scan or the backlog's end (the fair_queue scenario: seconds at p99). A create's read of
+the head is at most its statement's time old, well within MARK_TRAIL.
+
 A ready todo can sit behind the mark: one requeued or created with an old turn, one
 whose concurrency key was held, a lower-priority one passed over while higher ones were
 claimed, or one at a priority between two marked ones that this process has not claimed at
@@ -40,6 +51,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -52,6 +64,9 @@ from switchboard_todos.cursors import array_literal
 MARK_SLACK = timedelta(seconds=1)
 #: At most this many seconds between claims of this process that scan from the heads.
 FULL_SCAN_EVERY = 10.0
+#: How long (this process's clock, seconds) a mark trails the claims that move it: longer than
+#: a create statement takes to read the head and commit.
+MARK_TRAIL = 0.5
 #: Below every priority (-100 is the lowest): a queue's scan of the priorities above it is
 #: the whole queue.
 BELOW_ALL = -101
@@ -96,6 +111,10 @@ class Marks:
         self.clock = clock
         self._lock = threading.Lock()
         self._marks: dict[tuple[str, str], dict[int, datetime]] = {}
+        #: Per (database alias, queue, priority): (clock, mark) of the claims within MARK_TRAIL
+        #: and of the last one before it, each one lower than all set after it, so that the
+        #: first is the mark.
+        self._trails: dict[tuple[str, str, int], deque[tuple[float, datetime]]] = {}
         self._full_scans: dict[str, float] = {}
         self._limited: set[tuple[str, tuple[str, ...]]] = set()
         #: The database's time at the last claim of each database that took something.
@@ -133,10 +152,11 @@ class Marks:
         at: datetime | None = None,
         short_of: Sequence[str] = (),
     ) -> None:
-        """Move the mark of each (queue, priority) claimed from to the first turn just claimed
-        there, less MARK_SLACK. A claim made `at` (the database's time) that came back short of
-        its limit has taken what its scans found: the marks of its queues, `short_of`, come
-        down to the last claim's time, less MARK_SLACK, wherever they are above it.
+        """Move the mark of each (queue, priority) claimed from to the first turn claimed there
+        within MARK_TRAIL, less MARK_SLACK (the module says why). A claim made `at` (the
+        database's time) that came back short of its limit has taken what its scans found: the
+        marks of its queues, `short_of`, come down to the last claim's time, less MARK_SLACK,
+        wherever they are above it.
 
         A fair key's turns run ahead of the clock (1 ms a todo: a backlog of 50,000 of one key
         reaches 50 s ahead), and so do the marks of a process that claims them. A todo created
@@ -150,9 +170,17 @@ class Marks:
             key = (queue, priority)
             if turn is not None and (key not in oldest or turn < oldest[key]):
                 oldest[key] = turn
+        now = self.clock()
         with self._lock:
             for (queue, priority), turn in oldest.items():
-                self._marks.setdefault((alias, queue), {})[priority] = turn - MARK_SLACK
+                mark = turn - MARK_SLACK
+                trail = self._trails.setdefault((alias, queue, priority), deque())
+                while trail and trail[-1][1] >= mark:
+                    trail.pop()  # never the lowest again while this one is in the trail
+                trail.append((now, mark))
+                while len(trail) > 1 and trail[1][0] <= now - MARK_TRAIL:
+                    trail.popleft()
+                self._marks.setdefault((alias, queue), {})[priority] = trail[0][1]
             if at is not None:
                 self._claimed_at[alias] = max(at, self._claimed_at.get(alias, at))
             latest = self._claimed_at.get(alias)
@@ -162,7 +190,9 @@ class Marks:
             for queue in short_of:
                 groups = self._marks.get((alias, queue), {})
                 for priority, mark in groups.items():
-                    groups[priority] = min(mark, ceiling)
+                    if mark > ceiling:
+                        groups[priority] = ceiling
+                        self._trails[(alias, queue, priority)] = deque([(now, ceiling)])
 
     def lean(self, alias: str, queues: Sequence[str]) -> bool:
         """Whether a claim from `queues` may try the lean statement: the last claim from them
@@ -181,6 +211,7 @@ class Marks:
         """Drop every mark: the next claims scan from the head (tests, a truncated table)."""
         with self._lock:
             self._marks.clear()
+            self._trails.clear()
             self._full_scans.clear()
             self._limited.clear()
             self._claimed_at.clear()

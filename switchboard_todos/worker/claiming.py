@@ -1,4 +1,5 @@
-"""Claiming: each runner's next batch, sized to its pace, within the `max_todos` budget."""
+"""Claiming: each runner's next batch, sized to its pace, within the `max_todos` budget; and the
+express claim, which lets a newly arrived fair key's todo overtake a batch in hand."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ PREFETCH_WINDOW = 0.2
 #: its own, which 400 todos share (docs/benchmarks.md: 100 left 0.77 of the raw loop at 8
 #: processes, 400 gave 0.97; 1000 gave 0.82, its batches too big for the drain's end).
 DEFAULT_BATCH_SIZE = 400
+#: At least this many seconds between the claims of one worker process that an express claim
+#: adds: its cost (one small claim) is bounded to 1/EXPRESS_GAP statements a second per
+#: process, however fast todos arrive. 5 ms did no better than 10 in the fair_queue scenario
+#: (docs/benchmarks.md, scenario 14) and cost the backlog's drain more.
+EXPRESS_GAP = 0.01
+#: The todos an express claim takes: a key that was idle takes its turn level with the head of
+#: the queue (sql/shared.sql, fair_turn), behind the head's own todo, and a few more keys may
+#: have come meanwhile.
+EXPRESS_SIZE = 4
 
 
 class Claimer:
@@ -26,6 +36,14 @@ class Claimer:
     A batch is sized so that its last todo starts within PREFETCH_WINDOW of the claim: quick
     handlers get batches of up to `batch_size`, slow ones a single todo, so a worker never
     sits on todos another worker could be running.
+
+    Fair keys take turns in the claim (sql/claiming.sql), but a todo that arrives while every
+    runner works through its batch waits for the next claim, up to a whole batch's run. So a
+    runner whose batch holds todos of fair keys, told of new work since this process last
+    claimed, first claims EXPRESS_SIZE todos more and runs them next (`express`): the new keys'
+    todos, whose turns are at the head, or the next ones in turn if another worker took them.
+    At most one such claim per EXPRESS_GAP per process; a queue without fair keys never pays
+    for it, since there a new todo is last in line anyway.
     """
 
     def __init__(
@@ -45,6 +63,8 @@ class Claimer:
         self._prefetch_window = min(PREFETCH_WINDOW, hand.ttl / 10)
         self._turns = itertools.count()
         self._reserved = 0
+        #: Monotonic time of this process's last claim: what `express_due` compares with.
+        self._claimed_at = 0.0
 
     def claim(self, runner: Runner) -> list[Todo] | None:
         """Claim the runner's next batch; None when `max_todos` is used up."""
@@ -57,13 +77,50 @@ class Claimer:
         limit = self._reserve(wanted)
         if not limit:
             return None
-        leased_at = time.monotonic()
         try:
-            todos = self._claim_batch(limit)
+            todos = self._take(runner, limit)
         except faults.DatabaseUnavailable as unavailable:
-            self._reserve(-limit)
             hand.stopping.wait(unavailable.delay)
             return []
+        runner.keyed = any(todo.fair_key is not None for todo in todos)
+        if todos and len(todos) == limit and hand.concurrency > 1:
+            hand.doorbell.ring()  # there may be more: wake an idle runner
+        return todos
+
+    def express_due(self, runner: Runner) -> bool:
+        """Whether the runner, its batch of fair keys in hand, should claim a few todos first: new
+        work was notified since this process last claimed, at least EXPRESS_GAP ago."""
+        return (
+            runner.keyed
+            and self.hand.doorbell.news > self._claimed_at
+            and time.monotonic() - self._claimed_at >= EXPRESS_GAP
+        )
+
+    def express(self, runner: Runner) -> None:
+        """Claim EXPRESS_SIZE todos and put them first in the runner's batch (the class says
+        why). A database that is away is left to the next batch's claim, which waits for it."""
+        limit = self._reserve(EXPRESS_SIZE)
+        if not limit:
+            return
+        try:
+            claimed = self._take(runner, limit, first=True)
+        except faults.DatabaseUnavailable:
+            return
+        if claimed:
+            with self.hand.lock:
+                self.hand.stats.expressed += 1
+
+    def _take(self, runner: Runner, limit: int, *, first: bool = False) -> list[Todo]:
+        """Claim up to `limit` reserved todos into the runner's batch, at its end or `first`;
+        the reservations not used go back to the budget, as all do when the database is away
+        (DatabaseUnavailable is raised)."""
+        hand = self.hand
+        leased_at = self._claimed_at = time.monotonic()
+        try:
+            todos = self._claim_batch(limit)
+        except faults.DatabaseUnavailable:
+            self._reserve(-limit)
+            raise
         if len(todos) < limit:
             self._reserve(len(todos) - limit)
         if self.max_todos is not None and self._reserved >= self.max_todos:
@@ -72,9 +129,11 @@ class Claimer:
             with hand.lock:
                 hand.stats.claimed += len(todos)
             traced = tracing.tracer()  # once per batch: its handler runs' spans, or None
-            runner.batch.extend(Held(todo, leased_at, traced) for todo in todos)
-            if len(todos) == limit and hand.concurrency > 1:
-                hand.doorbell.ring()  # there may be more: wake an idle runner
+            held = [Held(todo, leased_at, traced) for todo in todos]
+            if first:
+                runner.batch.extendleft(reversed(held))
+            else:
+                runner.batch.extend(held)
         return todos
 
     def _claim_batch(self, limit: int) -> list[Todo]:

@@ -31,6 +31,9 @@ class WorkerStats:
     released: int = 0
     lost: int = 0
     cancelled: int = 0
+    #: Express claims that found a todo (worker/claiming.py): fair keys' todos that overtook
+    #: a batch in hand, or the next in turn.
+    expressed: int = 0
 
 
 class Held:
@@ -73,6 +76,8 @@ class Runner:
         self.acks: dict[str, tuple[Held, Any, float]] = {}
         self.oldest_ack = 0.0
         self.average: float | None = None  # seconds per todo, moving average
+        #: Its batch holds todos of fair keys: new work may overtake it (Claimer.express).
+        self.keyed = False
 
     def record(self, seconds: float) -> None:
         self.average = seconds if self.average is None else 0.8 * self.average + 0.2 * seconds

@@ -200,6 +200,8 @@ class Worker:
                         hand.doorbell.wait(schedule.pause())
                         continue
                     schedule.reset()
+                elif claimer.express_due(runner):
+                    claimer.express(runner)
                 try:
                     held = runner.batch.popleft()
                 except IndexError:
