@@ -10,9 +10,11 @@ SWITCHBOARD_TODOS_AGENT_MAX_SESSIONS open sessions.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +43,7 @@ from starlette.authentication import AuthenticationError
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from switchboard_todos import faults, tracing
 from switchboard_todos.agents import disconnects, errors, service
@@ -68,13 +70,23 @@ class AgentToken(AccessToken):
     agent: Agent
 
 
+#: Set for a request that is one call of a holder's tool (HolderCalls): its token is recognised.
+_holder_call: ContextVar[bool] = ContextVar("holder_call", default=False)
+
+
 class AgentTokens:
-    """The SDK's token verifier: a bearer token is valid when it is an active agent's."""
+    """The SDK's token verifier: a bearer token is valid when it is an active agent's.
+
+    The agent is read at every request, except for a call of a tool whose own statement checks
+    the credential (HolderCalls): that one is recognised (agents/service/identity.py), as the
+    HTTP API's fast path does, so that the call is one statement.
+    """
 
     async def verify_token(self, token: str) -> AgentToken | None:
+        read = service.arecognise if _holder_call.get() else service.aauthenticate
         async with request_scope():
             try:
-                agent = await service.aauthenticate(token)
+                agent = await read(token)
             except NotAuthenticated:
                 return None
             except DatabaseError as error:
@@ -125,6 +137,80 @@ class TraceContext:
         }
         with tracing.remote(headers):
             await self.app(scope, receive, send)
+
+
+#: The tools whose statement checks the caller's credential (`credential_holds`, sql/shared.sql),
+#: and with them the claim from queues; a claim of one `todo_id` reads the agent.
+HOLDER_TOOLS = frozenset({"heartbeat", "complete", "fail", "release"})
+#: The largest body HolderCalls reads ahead of the SDK: a holder's call is small (a `complete`
+#: result or a `fail` error past it simply reads the agent, as any other call does).
+PEEK_MAX = 64 * 1024
+
+
+class HolderCalls:
+    """Tells AgentTokens which requests are one call of a holder's tool, from their JSON-RPC
+    body, read here (at most PEEK_MAX bytes, by its Content-Length) and handed on unchanged.
+
+    Such a call acts only through a statement that checks the credential itself, so its
+    token is recognised, not read: revocation stays exact (identity.py). Anything else, a
+    batch, a task-augmented call, a body whose keys repeat (which another parser might read
+    otherwise), or one too long, reads the agent as before.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if not length.isdigit() or int(length) > PEEK_MAX:
+            await self.app(scope, receive, send)
+            return
+        body, messages = b"", []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            if len(body) > PEEK_MAX or not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        flag = _holder_call.set(len(body) <= PEEK_MAX and holder_call(body))
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            _holder_call.reset(flag)
+
+
+def holder_call(body: bytes) -> bool:
+    """Whether a request body is a single JSON-RPC call of a holder's tool (HolderCalls)."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found = dict(pairs)
+        if len(found) != len(pairs):
+            raise ValueError("a key repeats")
+        return found
+
+    try:
+        call = json.loads(body, object_pairs_hook=unique)
+    except ValueError:
+        return False
+    if not isinstance(call, dict) or call.get("method") != "tools/call":
+        return False
+    params = call.get("params")
+    if not isinstance(params, dict) or "task" in params:
+        return False
+    arguments = params.get("arguments")
+    name = params.get("name")
+    return name in HOLDER_TOOLS or (
+        name == "claim" and isinstance(arguments, dict) and arguments.get("todo_id") is None
+    )
 
 
 class AllowedHosts:
@@ -292,9 +378,11 @@ def streamable_http(
     # The low-level server under the tools, which the SDK's own streamable_http_app() would
     # hand its session manager: ours is the SDK's, capped per agent.
     sessions = AgentSessions(server._lowlevel_server, session_idle_timeout)
-    app = AuthenticationMiddleware(
-        AuthContextMiddleware(RequireAuthMiddleware(sessions.serve, required_scopes=[])),
-        backend=BearerAuthBackend(AgentTokens()),
-        on_error=refused,
+    app = HolderCalls(
+        AuthenticationMiddleware(
+            AuthContextMiddleware(RequireAuthMiddleware(sessions.serve, required_scopes=[])),
+            backend=BearerAuthBackend(AgentTokens()),
+            on_error=refused,
+        )
     )
     return Endpoint(AllowedHosts(HttpsOnly(TraceContext(app))), path, sessions)

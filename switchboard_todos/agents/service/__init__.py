@@ -51,6 +51,7 @@ from switchboard_todos.agents.service.holding import (
 )
 from switchboard_todos.agents.service.identity import (
     aauthenticate,
+    arecognise,
     authenticate,
     check_shape,
     recognise,
@@ -107,6 +108,7 @@ __all__ = [
     "MAX_WAIT",
     "Page",
     "aauthenticate",
+    "arecognise",
     "aclaim",
     "acomplete",
     "acreate_for",
