@@ -202,11 +202,16 @@ _KEY_TAKEN = Obstacle(
 _CLAIMED = frozenset({State.CLAIMED})
 
 
-def _owner_guarded(name: str) -> Transition:
+def _owner_guarded(name: str, method: str = "") -> Transition:
     """A transition of the lease's holder: the todo must be claimed, by the caller; a holder
     whose todo an operator cancelled is told so."""
     return Transition(
-        name, _CLAIMED, wrong_state=NOT_CLAIMED, obstacles=(NOT_HELD,), ended_by=(CANCELLED,)
+        name,
+        _CLAIMED,
+        wrong_state=NOT_CLAIMED,
+        obstacles=(NOT_HELD,),
+        ended_by=(CANCELLED,),
+        method=method,
     )
 
 
@@ -220,6 +225,7 @@ TRANSITIONS: dict[str, Transition] = {
         Transition("tick_schedule", frozenset()),
         Transition("claim_next", frozenset({State.PENDING, State.CLAIMED})),
         Transition("claim_ready", frozenset({State.PENDING}), method="claim_next"),
+        Transition("claim_one", frozenset({State.PENDING}), method="claim_next"),
         Transition("claim_filtered", frozenset({State.PENDING, State.CLAIMED})),
         Transition(
             "claim",
@@ -239,6 +245,7 @@ TRANSITIONS: dict[str, Transition] = {
         _owner_guarded("heartbeat"),
         _owner_guarded("heartbeat_many"),
         _owner_guarded("complete"),
+        _owner_guarded("complete_leaf", method="complete"),
         _owner_guarded("complete_many"),
         _owner_guarded("fail"),
         _owner_guarded("release"),

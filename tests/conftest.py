@@ -23,6 +23,7 @@ from psycopg import sql
 from devtools import database
 from switchboard_todos.agents.service import identity
 from switchboard_todos.claims.marks import marks
+from switchboard_todos.managers.machinery import dependencies
 from switchboard_todos.models import ErrorEntry, State, Todo
 from tests.helpers import entry_size
 
@@ -54,9 +55,11 @@ def pytest_report_header() -> str:
 
 @pytest.fixture(autouse=True)
 def _fresh_claim_marks() -> None:
-    """Each test's claims start from the head of the index, whatever earlier tests claimed; and
-    its agents are read afresh (agents of the same names had other credentials before)."""
+    """Each test's claims start from the head of the index, whatever earlier tests claimed; its
+    completes run lean, whatever dependencies earlier tests met; and its agents are read afresh
+    (agents of the same names had other credentials before)."""
     marks.forget()
+    dependencies.forget()
     identity.forget()
 
 

@@ -51,7 +51,7 @@ def test_statements_are_prepared_once_per_connection() -> None:
     for _ in range(8):
         Todo.objects.filter(kind="k").count()
     statements = prepared_statements()
-    for name in ("create_todo", "claim_next", "claim_ready", "complete"):
+    for name in ("create_todo", "claim_next", "claim_one", "complete_leaf"):
         assert len(prepared_as(name, statements)) == 1, name
     # Never planned anew: the session plans prepared statements generically (cursors.py).
     assert claim_plans(statements) == (8, 0)
@@ -60,9 +60,14 @@ def test_statements_are_prepared_once_per_connection() -> None:
 
 
 def claim_plans(statements: dict[str, tuple[int, int]]) -> tuple[int, int]:
-    """The generic and custom plans of the claims, full (claim_next) and lean (claim_ready)."""
-    [full], [lean] = prepared_as("claim_next", statements), prepared_as("claim_ready", statements)
-    return full[0] + lean[0], full[1] + lean[1]
+    """The generic and custom plans of the claims, full (claim_next) and lean (claim_ready, and
+    claim_one for a claim of one)."""
+    plans = [
+        plans
+        for name in ("claim_next", "claim_ready", "claim_one")
+        for plans in prepared_as(name, statements)
+    ]
+    return sum(generic for generic, _ in plans), sum(custom for _, custom in plans)
 
 
 def plan_cache_mode() -> str:
@@ -265,7 +270,7 @@ def test_a_long_statement_is_converted_once(make_todo: Any) -> None:
     """The claim (over psycopg's 4,096-byte cache of converted statements) is converted from
     its named placeholders once, not at every call (the first claim, a full scan, and the
     second, lean, convert theirs)."""
-    assert len(queries["claim_next"]) > 4096 and len(queries["claim_ready"]) > 4096
+    assert all(len(queries[name]) > 4096 for name in ("claim_next", "claim_ready", "claim_one"))
     make_todo()
     for _ in range(2):
         Todo.objects.claim_next("default", "w1", 30)

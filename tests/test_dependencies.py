@@ -4,14 +4,18 @@ letter, brought back when it is requeued."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos.exceptions import InvalidPlan, InvalidTodo, TodoConflict
+from switchboard_todos.managers.machinery import DEPENDENCIES_REMEMBERED, dependencies
 from switchboard_todos.models import State, Todo, TodoEdge
+from switchboard_todos.sql import queries
 from tests.conftest import run_in_threads
 from tests.helpers import MakeTodo, db_now
 
@@ -306,3 +310,48 @@ def test_the_state_of_a_blocked_todo_reads_as_python(make_todo: MakeTodo) -> Non
     with connection.cursor() as cursor:
         cursor.execute("SELECT next_retry_at FROM todos WHERE id = %s", [child.id])
         assert cursor.fetchone()[0].year == 9999
+
+
+LEAF = queries["complete_leaf"].splitlines()[0]
+
+
+def completes(todo: Todo) -> list[str]:
+    """Complete `todo` for w1; which statements ran: "leaf" (complete_leaf) or "full"."""
+    with CaptureQueriesContext(connection) as statements:
+        Todo.objects.complete(todo.id, "w1")
+    return ["leaf" if q["sql"].startswith(LEAF) else "full" for q in statements]
+
+
+def test_a_parent_the_process_has_not_met_is_left_by_the_lean_complete_to_the_full_one(
+    make_todo: MakeTodo,
+) -> None:
+    """complete_leaf never completes a todo that others wait for: the full statement does,
+    and unblocks them; then the process's completes in that database run the full statement
+    at once for a while (Dependencies), and lean again after."""
+    parent, other = (make_todo(state=State.CLAIMED, owner="w1") for _ in range(2))
+    child = child_of(parent)
+    dependencies.forget()  # a process that did not create the child: say, another worker
+    assert completes(parent) == ["leaf", "full"]
+    assert refreshed(child)[0].waiting_for == 0
+    assert completes(other) == ["full"]
+    alone = make_todo(state=State.CLAIMED, owner="w1")
+    dependencies.clock = lambda: time.monotonic() + DEPENDENCIES_REMEMBERED
+    try:
+        assert completes(alone) == ["leaf"]
+    finally:
+        dependencies.clock = time.monotonic
+    assert {todo.state for todo in refreshed(parent, other, alone)} == {State.DONE}
+
+
+def test_a_todo_without_children_is_completed_by_the_lean_statement_under_its_guards(
+    make_todo: MakeTodo,
+) -> None:
+    """One statement; a todo not held, or held by another, is refused and explained as the full
+    complete explains it."""
+    held = make_todo(state=State.CLAIMED, owner="w1")
+    assert completes(held) == ["leaf"]
+    assert refreshed(held)[0].state == State.DONE
+    theirs = make_todo(state=State.CLAIMED, owner="w2")
+    with pytest.raises(TodoConflict, match="w2"):
+        Todo.objects.complete(theirs.id, "w1")
+    assert refreshed(theirs)[0].state == State.CLAIMED

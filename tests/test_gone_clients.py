@@ -54,7 +54,7 @@ APPLICATIONS = {
 QUEUE = "gone"
 #: The claim statements, full and lean, as the server's connections show them, up to their
 #: first parameter.
-CLAIMS = [queries[name].split("%(", 1)[0] for name in ("claim_next", "claim_ready")]
+CLAIMS = [queries[name].split("%(", 1)[0] for name in ("claim_next", "claim_ready", "claim_one")]
 #: How long after its creation the message is claimed by the other consumer, at most: the
 #: issue asks for a second and runs measured 5-103 ms, but a loaded machine must not fail the
 #: test; a message stranded by the gone client would wait for its whole lease (30 s), past the
@@ -68,7 +68,8 @@ def claim_begun_since(moment: datetime) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-            "AND (starts_with(query, %s) OR starts_with(query, %s)) AND query_start >= %s",
+            "AND (starts_with(query, %s) OR starts_with(query, %s) OR starts_with(query, %s)) "
+            "AND query_start >= %s",
             [SERVER, *CLAIMS, moment],
         )
         count: int = cursor.fetchone()[0]

@@ -125,3 +125,71 @@ def test_max_held_bounds_a_lean_claim() -> None:
     assert len(held) == 2
     assert [q["sql"].startswith(LEAN) for q in statements] == [True]
     assert Todo.objects.claim_batch("q", "w1", 30, 5, max_held=2) == []
+
+
+#: How the lean claim of one todo (claim_one) begins; claim_ready's begins otherwise.
+LEAN_ONE = "-- claim_next, lean, of one todo"
+
+
+def claim_next(queue: str = "q") -> tuple[Todo | None, list[str]]:
+    """claim_next from `queue` for w1; the todo, and which statements ran ("one", "lean" for
+    claim_ready, or "full")."""
+    with CaptureQueriesContext(connection) as statements:
+        todo = Todo.objects.claim_next(queue, "w1", 30)
+    return todo, [
+        "one" if q["sql"].startswith(LEAN_ONE) else "lean" if q["sql"].startswith(LEAN) else "full"
+        for q in statements
+    ]
+
+
+def test_a_claim_of_one_runs_claim_one_and_a_concurrency_limit_sends_it_to_the_full_claim() -> None:
+    todos = create(3)
+    assert claim_next() == (todos[0], ["one"])
+    Queue.objects.create(name="q", concurrency_limit=2)
+    claimed, statements = claim_next()
+    assert (claimed, statements) == (todos[1], ["one", "full"])
+    assert claimed is not None and claimed.slot is not None
+    assert claim_next() == (todos[2], ["full"])
+
+
+def test_a_claim_of_one_keeps_a_concurrency_key_held_and_in_order() -> None:
+    first, second = create(2, concurrency_key="account-7")
+    other = create()[0]
+    assert claim_next() == (first, ["one"])
+    assert claim_next() == (other, ["one"])  # the key is held: its second todo waits
+    assert claim_next() == (None, ["one"])
+    Todo.objects.complete(first.id, "w1")
+    assert claim_next() == (second, ["one"])
+
+
+def test_a_claim_of_one_takes_priority_then_turn_then_a_due_retry_at_its_turn() -> None:
+    """A higher priority created last goes first; a retry that fell due ranks at its turn,
+    ahead of ready todos created after it; a todo assigned to another owner is passed over."""
+    assigned = create(assignee="w9")[0]
+    retried = create()[0]
+    assert claim_next() == (retried, ["one"])
+    Todo.objects.fail(retried.id, "w1", "flaky", retry_in=0)
+    later = create()[0]
+    urgent = create(priority=5)[0]
+    assert claim_next() == (urgent, ["one"])
+    assert claim_next() == (retried, ["one"])
+    assert claim_next() == (later, ["one"])
+    assert claim_next() == (None, ["one"])
+    assert Todo.objects.get(pk=assigned.pk).state == State.PENDING
+
+
+def test_a_claim_of_one_honours_max_held_blocked_children_and_fair_turns() -> None:
+    parent = create()[0]
+    child = create(after=[parent.id])[0]
+    assert claim_next() == (parent, ["one"])
+    assert claim_next() == (None, ["one"])  # the child waits for its parent
+    Todo.objects.complete(parent.id, "w1")
+    with CaptureQueriesContext(connection) as statements:
+        assert Todo.objects.claim_next("q", "w1", 30, max_held=0) is None
+    assert [q["sql"].startswith(LEAN_ONE) for q in statements] == [True]
+    assert claim_next() == (child, ["one"])
+    noisy = create(5, fair_key="noisy")
+    assert claim_next() == (noisy[0], ["one"])
+    quiet = create(fair_key="quiet")[0]
+    # Level with the head of the backlog, not behind it: one of the next two.
+    assert quiet in {claim_next()[0], claim_next()[0]}

@@ -223,7 +223,7 @@ class Claiming(Machinery):
                         "claim_next",
                         params,
                         extra="ready_turn",
-                        statement=queries["claim_ready"],
+                        statement=queries["claim_one" if params["limit"] == 1 else "claim_ready"],
                         markers=limited,
                     )
                     lean = not limited

@@ -17,6 +17,7 @@ from switchboard_todos.managers.machinery import (
     KEY_RACE_TRIES,
     Machinery,
     async_twin,
+    dependencies,
     leased,
     with_history,
 )
@@ -155,7 +156,7 @@ class Holding(Machinery):
             "notify": conf.LISTEN,
         }
         began = tracing.started()
-        done = self._held_transition("complete", params, receipt, credential)
+        done = self._held_transition("complete", params, receipt, credential, lean="complete_leaf")
         if began is not None:
             tracing.settled(began, "complete", [done], params["owner"])
         return done
@@ -243,15 +244,35 @@ class Holding(Machinery):
         return released
 
     def _held_transition(
-        self, name: str, params: dict[str, Any], receipt: Receipt | None, credential: str | None
+        self,
+        name: str,
+        params: dict[str, Any],
+        receipt: Receipt | None,
+        credential: str | None,
+        *,
+        lean: str | None = None,
     ) -> Todo:
         """Run a holder's transition of one todo, guarded by `receipt` and `credential` if
         given; a miss is explained (TodoNotFound, TodoConflict): a todo held by its owner under
         another claim than the receipt names is a conflict that says so. (A credential that no
-        longer holds is its surface's to tell: agents/service checks it after a miss.)"""
-        todo = self._transition(
-            name, {**params, **receipt_guard(receipt), "credential": credential}
-        )
+        longer holds is its surface's to tell: agents/service checks it after a miss.)
+
+        `lean` names a leaner statement for the common case (complete_leaf), run first unless
+        this process met dependencies lately (Dependencies): one that matches no row leaves
+        the todo to statement `name`, which then runs.
+        """
+        params = {**params, **receipt_guard(receipt), "credential": credential}
+        alias = self._db_alias
+        if dependencies.lately(alias):
+            lean = None
+        todo = None
+        if lean is not None:
+            rows = self._run(name, params, statement=queries[lean])
+            todo = rows[0][0] if rows else None
+        if todo is None:
+            todo = self._transition(name, params)
+            if lean is not None and todo is not None:
+                dependencies.met(alias)  # a todo others wait for, left by the lean statement
         if todo is not None:
             return todo
         todo_id, owner = params["todo_id"], params["owner"]

@@ -36,6 +36,8 @@ class Layout(NamedTuple):
     json: list[tuple[int, models.JSONField[Any]]]
     extra: int | None
     id: int
+    #: Where a todo's parents are: a todo that has some waits for others (Dependencies).
+    parents: int
     #: The JSON texts read without parsing (EMPTY_JSON), unless a JSON field has a decoder.
     empty_json: Mapping[str, Callable[[], Any]]
     #: Where a create's row leaves out what its creator gave (CREATED_NULLS), by field name;

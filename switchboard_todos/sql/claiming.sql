@@ -67,11 +67,16 @@ SELECT id, queue, priority, claimable_at, in_queue
                                       WHERE $room.queue = limited.queue), in_queue)
        ) AS per_queue
  ORDER BY priority DESC, claimable_at
- LIMIT (SELECT CASE WHEN (SELECT %(max_held)s::int) IS NULL THEN %(limit)s::int
-               ELSE greatest(0, least(%(limit)s::int, (SELECT %(max_held)s::int) - (
-                        SELECT count(*) FROM todos AS held
-                         WHERE held.state = 'claimed' AND held.owner = %(owner)s)::int))
-               END)
+ LIMIT {{held_room(%(limit)s::int)}}
+
+-- fragment: held_room(limit)
+-- How many todos a claim of at most `limit` may take: `limit`, or with %(max_held)s, only as
+-- many as bring the todos %(owner)s holds up to it (counted only then, on idx_todos_held).
+(SELECT CASE WHEN (SELECT %(max_held)s::int) IS NULL THEN $limit
+        ELSE greatest(0, least($limit, (SELECT %(max_held)s::int) - (
+                 SELECT count(*) FROM todos AS held
+                  WHERE held.state = 'claimed' AND held.owner = %(owner)s)::int))
+        END)
 
 -- fragment: free_slot(room, limit)
 -- The body of the "free_slot" CTE of a claim: for each queue of `room` with a concurrency
@@ -215,8 +220,8 @@ SELECT *
 
 -- fragment: ready_todos
 -- The body of a claim's "ready" CTE: the ready todos of each queue of %(queues)s, locked, in
--- claim order from its marks (ready_scan; claim_next says which), each queue as far as
--- %(limit)s and its room (the "room" CTE: nothing limits a queue without a row there).
+-- claim order from its marks (ready_scans), each queue as far as %(limit)s and its room (the
+-- "room" CTE: nothing limits a queue without a row there).
 SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
        candidate.fair_at AS claimable_at
   FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
@@ -224,23 +229,28 @@ SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key
        AS wanted (queue, mark, top, bottom)
   LEFT JOIN room ON room.queue = wanted.queue
  CROSS JOIN LATERAL (
-        SELECT * FROM (
-            {{ready_scan(wanted.queue, priority > wanted.top, wanted.mark)}}
-            UNION ALL
-            SELECT known.*
-              FROM unnest((SELECT %(group_queues)s::text[]),
-                          (SELECT %(group_priorities)s::int[]),
-                          (SELECT %(group_marks)s::timestamptz[]))
-                   AS grp (queue, priority, mark)
-             CROSS JOIN LATERAL (
-                    {{ready_scan(grp.queue, priority = grp.priority, grp.mark)}}
-                   ) AS known
-             WHERE grp.queue = wanted.queue
-            UNION ALL
-            {{ready_scan(wanted.queue, priority < wanted.bottom, wanted.mark)}}
-        ) AS locked
+        SELECT * FROM ({{ready_scans(wanted)}}) AS locked
         LIMIT least((SELECT %(limit)s::int), room.room)
        ) AS candidate
+
+-- fragment: ready_scans(wanted)
+-- The ready todos of the queue of `wanted` (a row of a claim's queues with the mark, top and
+-- bottom of its scans), locked, in claim order from its marks (ready_scan; claim_next says
+-- which): the priorities above its top from its mark, each priority of its group marks from
+-- its own, then those below its bottom from its mark.
+{{ready_scan($wanted.queue, priority > $wanted.top, $wanted.mark)}}
+UNION ALL
+SELECT known.*
+  FROM unnest((SELECT %(group_queues)s::text[]),
+              (SELECT %(group_priorities)s::int[]),
+              (SELECT %(group_marks)s::timestamptz[]))
+       AS grp (queue, priority, mark)
+ CROSS JOIN LATERAL (
+        {{ready_scan(grp.queue, priority = grp.priority, grp.mark)}}
+       ) AS known
+ WHERE grp.queue = $wanted.queue
+UNION ALL
+{{ready_scan($wanted.queue, priority < $wanted.bottom, $wanted.mark)}}
 
 -- name: claim_next
 -- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
@@ -384,6 +394,67 @@ claimed AS (
     RETURNING todos.*
 )
 {{claimed_in_order(claimed, picked, ready, limited)}};
+
+-- name: claim_one
+-- claim_next, lean, of one todo: claim_ready for a limit of 1, with the same scans, guards and
+-- answer, in a plan of half as many nodes (a single claim's time in the database went more to
+-- starting its plan's nodes than to running them). Of one candidate per queue from its ready scans and one from its
+-- due scan, the first by priority, then claimable time, is taken: being first of all, it is
+-- first of its concurrency key, which spares the numbering of candidates per key
+-- (first_per_key), and the numbering per queue goes with the room, which a queue that nothing
+-- limits does not have (picked). When a queue is paused or limited ("limited", read as
+-- claim_ready reads it) no queue is scanned: it claims nothing, and says so.
+WITH limited AS MATERIALIZED (
+    SELECT settings.name
+      FROM todo_queues AS settings
+     WHERE settings.name = ANY ((SELECT %(queues)s::text[])::text[])
+       AND (settings.paused OR settings.rate_limit IS NOT NULL
+            OR settings.concurrency_limit IS NOT NULL)
+),
+candidate AS MATERIALIZED (
+    SELECT ready.id, ready.priority, ready.fair_at AS claimable_at, true AS ready
+      FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
+                  (SELECT %(tops)s::int[]), (SELECT %(bottoms)s::int[]))
+           AS wanted (queue, mark, top, bottom)
+     CROSS JOIN LATERAL (SELECT * FROM ({{ready_scans(wanted)}}) AS locked LIMIT 1) AS ready
+     WHERE NOT EXISTS (SELECT FROM limited)
+    UNION ALL
+    SELECT due.id, due.priority, greatest(due.fair_at, due.next_retry_at), false
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
+     CROSS JOIN LATERAL (
+            SELECT * FROM (
+                SELECT id, priority, next_retry_at, fair_at
+                  FROM todos
+                 WHERE state = 'pending' AND next_retry_at IS NOT NULL
+                   AND queue = wanted.queue
+                   AND next_retry_at <= now()
+                   AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
+                   AND {{key_free(todos)}}
+                 ORDER BY next_retry_at
+                 LIMIT 1000
+                   FOR UPDATE SKIP LOCKED
+            ) AS locked
+            LIMIT 1
+           ) AS due
+     WHERE NOT EXISTS (SELECT FROM limited)
+),
+picked AS MATERIALIZED (
+    SELECT id, claimable_at, ready
+      FROM candidate
+     ORDER BY priority DESC, claimable_at
+     LIMIT {{held_room(1)}}
+),
+claimed AS (
+    UPDATE todos
+       SET {{leased_to_owner}}
+     WHERE id = (SELECT id FROM picked) AND {{credential_holds}}
+    RETURNING todos.*
+)
+SELECT claimed.*, CASE WHEN picked.ready THEN picked.claimable_at END AS ready_turn
+  FROM claimed CROSS JOIN picked
+UNION ALL
+SELECT (NULL::todos).*, NULL
+ WHERE EXISTS (SELECT FROM limited);
 
 -- name: claim_filtered
 -- Claim the todos an ORM queryset picks (querysets.py). The three placeholders in braces are
