@@ -6,18 +6,19 @@ thread started per request, two hops between threads per synchronous middleware,
 signals, an HttpRequest, ninja's parameter machinery), and the API drained at a sixth of the
 in-process rate. `AgentsAPIFirst` answers these POSTs itself, in one hop to a thread that
 authenticates, parses and validates the body with the API's own schemas, and runs the
-service's verb. Every other request (list, get, create, the schema, anything not the API's)
-goes to the application it wraps, and api/views.py stays where the whole API is defined and
-documented.
+service's verb; and the creates (`POST todos/`, `todos/batch/`), which cost three times their
+own work through Django's handler, and are what an agent flooding the server sends. Every other
+request (list, get, the schema, anything not the API's) goes to the application it wraps, and
+api/views.py stays where the whole API is defined and documented.
 
 The token comes first. A verb's request without a well-formed bearer token is answered 401
 before its body is even read. Every request of the API with a token, the verbs' and those
 passed on to Django alike, is counted among its agent's requests in flight
 (agents/request_cap.py) on the event loop, before its token is looked up: past the cap it is
-answered 429 there, holding no thread and no connection. An agent's creates and plans, passed
-on to Django, take their turns here, one at a time per token (`Turns`): each would wait on the
-agent's row for the one before it (its quotas count every write there), and waiting there it
-held a thread of Django's handler and a connection. A verb's body is read on the event loop
+answered 429 there, holding no thread and no connection. An agent's creates and plans take
+their turns here, one at a time per token (`Turns`): each would wait on the agent's row for the
+one before it (its quotas count every write there), and waiting there it held a thread and a
+connection, and one agent's burst took every thread. A verb's body is read on the event loop
 (I/O only, at most DATA_UPLOAD_MAX_MEMORY_SIZE kept) and parsed on the thread, only once the
 token was found: no body, whatever its size, is parsed on the event loop, where it would hold up
 every long poll this process serves, and no anonymous body is parsed at all.
@@ -62,6 +63,7 @@ from django.urls import get_resolver
 from django.urls.exceptions import Resolver404
 from pydantic import ValidationError
 
+from switchboard_todos import tracing
 from switchboard_todos.agents import disconnects, request_cap, service, tokens
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.agents.serialize import reads_database, todo_json, todos_json
@@ -70,8 +72,10 @@ from switchboard_todos.api.schemas import (
     ClaimIn,
     ClaimOneIn,
     CompleteIn,
+    CreateIn,
     FailIn,
     HeartbeatIn,
+    PlanIn,
     ReleaseIn,
     Request,
 )
@@ -115,6 +119,9 @@ BY_ID: dict[str, tuple[type[Request], Verb]] = {
 }
 #: The claim from queues (`POST claim/`).
 CLAIM = "claim"
+#: The creates answered here, by route name (api/views.py): a todo (a POST to the list's route,
+#: `todos/`) and a plan (`todos/batch/`), and the body's schema of each.
+CREATES: dict[str, type[Request]] = {"todos": CreateIn, "create_many": PlanIn}
 
 
 class Aborted(Exception):
@@ -189,7 +196,7 @@ class AgentsAPIFirst:
         answer: HttpResponse | bytes | None = None
         if https is not None:
             answer = https.middleware.process_request(https.request)
-        if scope["method"] != "POST" or not (verb in BY_ID or verb == CLAIM):
+        if scope["method"] != "POST" or not (verb in BY_ID or verb == CLAIM or verb in CREATES):
             if answer is not None:  # plain HTTP: Django's handler redirects it
                 await self.application(scope, receive, send)
                 return
@@ -229,11 +236,7 @@ class AgentsAPIFirst:
                 counted.enter_context(request_cap.admitted_early(token))
             except TodoError as error:
                 return problems.todo_error_response(error, authorization)
-            if scope["method"] == "POST":
-                async with self._turns.turn(token):
-                    await self.application(scope, receive, send)
-            else:
-                await self.application(scope, receive, send)
+            await self.application(scope, receive, send)
         return None
 
     async def _answer(
@@ -252,6 +255,9 @@ class AgentsAPIFirst:
                 counted.enter_context(request_cap.admitted_early(token))
             except TodoError as error:  # refused before the body is read, on no thread
                 return problems.todo_error_response(error, authorization)
+            if verb in CREATES:
+                async with self._turns.turn(token):
+                    return await self._run(scope, verb, token, todo_id, receive)
             return await self._run(scope, verb, token, todo_id, receive)
 
     async def _run(
@@ -263,7 +269,7 @@ class AgentsAPIFirst:
         answer: bytes | Waiting | HttpResponse | None
         try:
             # In this request's context: the verb's count of the agent finds it counted already.
-            perform = functools.partial(_perform, verb, token, todo_id, body)
+            perform = functools.partial(_perform, verb, token, todo_id, body, scope)
             answer = await loop.run_in_executor(
                 self._threads, contextvars.copy_context().run, perform
             )
@@ -291,7 +297,7 @@ class AgentsAPIFirst:
 
 
 def _perform(
-    verb: str, token: str | None, todo_id: str | None, body: bytes | None
+    verb: str, token: str | None, todo_id: str | None, body: bytes | None, scope: Scope
 ) -> bytes | Waiting | HttpResponse:
     """On one of the threads: authenticate, then parse the body (or refuse it), then run the
     verb, counted among the agent's requests in flight, and serialize its answer. A claim with
@@ -301,14 +307,18 @@ def _perform(
     statement, so a request is one statement, and a revoked token is still refused at once.
     """
     try:
-        # The claim by id reads the agent's grants before its statement: read them now.
-        agent = service.authenticate(token) if verb == "claim_todo" else service.recognise(token)
+        # The claim by id and the creates read the agent's grants before their statements:
+        # read them now.
+        reads_grants = verb == "claim_todo" or verb in CREATES
+        agent = service.authenticate(token) if reads_grants else service.recognise(token)
         arguments = _arguments(verb, body)
         if isinstance(arguments, HttpResponse):
             return arguments
         if isinstance(arguments, ClaimIn) and arguments.wait:
             return Waiting(agent, arguments)
         with request_cap.admitted(agent):
+            if verb in CREATES:
+                return _created(agent, arguments, scope)
             if verb != CLAIM:
                 assert todo_id is not None
                 return _body(BY_ID[verb][1](agent, todo_id, arguments))
@@ -320,6 +330,40 @@ def _perform(
             )
     finally:
         finish_with_connections()
+
+
+def _created(agent: Agent, arguments: Request, scope: Scope) -> HttpResponse:
+    """A create's answer, as api/views.py's `create_for` and `create_many` give it: 201 when it
+    created (a todo's with its Location), 200 when idempotency keys found every todo live."""
+    names = {name.decode("latin1") for name, _ in scope["headers"]}
+    with tracing.remote({name: _header(scope, name.encode("latin1")) for name in names}):
+        if isinstance(arguments, CreateIn):
+            todo, created = service.create_for(agent, **arguments.model_dump())
+            answer = HttpResponse(
+                json.dumps(todo_json(todo)),
+                status=201 if created else 200,
+                content_type="application/json",
+            )
+            if created:
+                answer["Location"] = f"{_request_path(scope)}{todo.id}/"
+            return answer
+        assert isinstance(arguments, PlanIn)
+        made = service.create_many_for(
+            agent, todos=[todo.model_dump(exclude_none=True) for todo in arguments.todos]
+        )
+    shaped = todos_json([todo for todo, _created in made])
+    answers = [{"todo": t, "created": c} for t, (_, c) in zip(shaped, made, strict=True)]
+    status = 201 if any(c for _, c in made) else 200
+    return HttpResponse(
+        json.dumps({"todos": answers}), status=status, content_type="application/json"
+    )
+
+
+def _request_path(scope: Scope) -> str:
+    """The request's path as Django's ASGIRequest.path has it."""
+    script_name = get_script_prefix(scope)
+    path_info = scope["path"].removeprefix(script_name) if script_name else scope["path"]
+    return "{}/{}".format(script_name.rstrip("/"), path_info.replace("/", "", 1))
 
 
 def _body(answer: Todo | list[Todo]) -> bytes:
@@ -428,7 +472,7 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 def _arguments(verb: str, body: bytes | None) -> Request | HttpResponse:
     """The verb's body, parsed and validated as ninja does; or the problem that refuses it."""
-    schema = ClaimIn if verb == CLAIM else BY_ID[verb][0]
+    schema = ClaimIn if verb == CLAIM else CREATES[verb] if verb in CREATES else BY_ID[verb][0]
     if body is None:
         return problems.too_large_response()
     if not body:
