@@ -157,9 +157,10 @@ class Turns:
 
 
 class AgentsAPIFirst:
-    """ASGI: the agent loop's verbs answered directly, every other request passed on.
+    """ASGI: the agent loop's verbs and the creates answered directly, every other request
+    passed on (each request of the API counted first among its agent's requests in flight).
 
-    `application = AgentsAPIFirst(get_asgi_application())`. Which requests are the verbs is the
+    `application = AgentsAPIFirst(get_asgi_application())`. Which requests these are is the
     project's URLconf's to say, wherever it mounts `include("switchboard_todos.api.urls")`.
     """
 
