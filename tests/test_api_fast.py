@@ -91,9 +91,10 @@ def fast() -> Iterator[asgi.AgentsAPIFirst]:
 
 @pytest.fixture
 def tokens() -> dict[str, str]:
-    """a1 claims from work and more; a2 claims from work; gone was revoked."""
+    """a1 claims from work and more, and creates in work; a2 claims from work; gone was
+    revoked."""
     made = {
-        "a1": accounts.create_agent("a1", claim_queues=["work", "more"])[1],
+        "a1": accounts.create_agent("a1", claim_queues=["work", "more"], create_queues=["work"])[1],
         "a2": accounts.create_agent("a2", claim_queues=["work"])[1],
         "gone": accounts.create_agent("gone", claim_queues=["work"])[1],
     }
@@ -118,6 +119,8 @@ def make_todos(make_todo: Callable[..., Todo]) -> dict[str, str]:
 
 
 _TIME = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d+)?\+00:00")
+#: A todo's id: one the case made is <new>.
+_ID = re.compile(r"td_[0-9A-Za-z-]+")
 
 
 def normal(answer: Answer, labels: dict[str, str]) -> tuple[Any, ...]:
@@ -125,6 +128,7 @@ def normal(answer: Answer, labels: dict[str, str]) -> tuple[Any, ...]:
     body = _TIME.sub("<time>", answer.body.decode())
     for todo_id, label in labels.items():
         body = body.replace(todo_id, label)
+    body = _ID.sub(lambda found: found[0] if found[0] in labels else "<new>", body)
     table = sorted(
         (
             labels.get(todo.id, "new"),
@@ -138,7 +142,11 @@ def normal(answer: Answer, labels: dict[str, str]) -> tuple[Any, ...]:
         )
         for todo in Todo.objects.with_errors()
     )
-    shown = {k: v for k, v in answer.headers.items() if k in ("content-type", "www-authenticate")}
+    shown = {
+        k: _ID.sub("<new>", v)
+        for k, v in answer.headers.items()
+        if k in ("content-type", "www-authenticate", "location")
+    }
     return answer.status, shown, json.loads(body) if body else None, table
 
 
@@ -221,6 +229,46 @@ CASES: list[tuple[str, str, bytes, str]] = [
     ("release, no body", "todos/T_held_a1/release/", b"", "a1"),
     ("release, delay as text", "todos/T_held_a1/release/", b'{"delay": "soon"}', "a1"),
     ("release, held by another", "todos/T_held_a2/release/", b"{}", "a1"),
+    ("create", "todos/", b'{"queue": "work", "kind": "k", "payload": {"n": 1}}', "a1"),
+    (
+        "create, after a todo",
+        "todos/",
+        b'{"queue": "work", "kind": "k", "after": ["T_pending"]}',
+        "a1",
+    ),
+    (
+        "create, after an unknown todo",
+        "todos/",
+        b'{"queue": "work", "kind": "k", "after": ["td_unknown"]}',
+        "a1",
+    ),
+    ("create, a queue not granted", "todos/", b'{"queue": "secret", "kind": "k"}', "a1"),
+    ("create, no create queues", "todos/", b'{"queue": "work", "kind": "k"}', "a2"),
+    ("create, no queue", "todos/", b'{"kind": "k"}', "a1"),
+    ("create, no body", "todos/", b"", "a1"),
+    ("create, not JSON", "todos/", b"{queue", "a1"),
+    (
+        "create, an owner in the body",
+        "todos/",
+        b'{"queue": "work", "kind": "k", "owner": "a2"}',
+        "a1",
+    ),
+    (
+        "plan",
+        "todos/batch/",
+        b'{"todos": [{"queue": "work", "kind": "k", "ref": "a"},'
+        b' {"queue": "work", "kind": "m", "after": ["a"]}]}',
+        "a1",
+    ),
+    ("plan, empty", "todos/batch/", b'{"todos": []}', "a1"),
+    (
+        "plan, a cycle",
+        "todos/batch/",
+        b'{"todos": [{"queue": "work", "kind": "k", "ref": "a", "after": ["b"]},'
+        b' {"queue": "work", "kind": "m", "ref": "b", "after": ["a"]}]}',
+        "a1",
+    ),
+    ("plan, no body", "todos/batch/", b"", "a1"),
 ]
 #: Each way of sending no valid token; None: the token of a revoked agent.
 AUTH: dict[str, dict[str, str] | None] = {
@@ -248,7 +296,7 @@ def test_same_answer_both_ways(
 
 
 @pytest.mark.parametrize("auth", AUTH, ids=list(AUTH))
-@pytest.mark.parametrize("path", ["claim/", "todos/T_held_a1/complete/"])
+@pytest.mark.parametrize("path", ["claim/", "todos/T_held_a1/complete/", "todos/"])
 def test_same_refusal_of_a_token_both_ways(
     both_ways: Callable[..., tuple[Any, Any]], tokens: dict[str, str], auth: str, path: str
 ) -> None:
@@ -269,8 +317,8 @@ def test_a_host_not_allowed_is_djangos_400(
     assert Todo.objects.filter(state=State.CLAIMED).count() == 0
 
 
-def test_only_the_verbs_are_answered_in_front(tokens: dict[str, str]) -> None:
-    """List, get, create, the schema and other methods reach the wrapped application."""
+def test_only_the_verbs_and_creates_are_answered_in_front(tokens: dict[str, str]) -> None:
+    """List, get, the schema and other methods reach the wrapped application."""
     reached: list[tuple[str, str]] = []
 
     async def behind(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -282,6 +330,10 @@ def test_only_the_verbs_are_answered_in_front(tokens: dict[str, str]) -> None:
         headers = {"Authorization": f"Bearer {tokens['a1']}"}
         Todo.objects.create_todo(queue="work", kind="k")
         assert call(app, "POST", "/api/claim/", b'{"ttl": 30}', headers).status == 200
+        create = b'{"queue": "work", "kind": "k"}'
+        assert call(app, "POST", "/api/todos/", create, headers).status == 201
+        plan = b'{"todos": [{"queue": "work", "kind": "k"}]}'
+        assert call(app, "POST", "/api/todos/batch/", plan, headers).status == 201
         assert call(app, "GET", "/api/todos/", b"", headers).status == 200
         assert call(app, "GET", "/api/claim/", b"", headers).status == 405
         assert call(app, "GET", "/api/openapi.json").status == 200
@@ -304,9 +356,9 @@ def test_a_verb_is_one_statement(tokens: dict[str, str]) -> None:
     counted = []
     for todo in (first, second):
         with CaptureQueriesContext(connection) as claim:
-            asgi._perform("claim", tokens["a1"], None, b'{"ttl": 30}')
+            asgi._perform("claim", tokens["a1"], None, b'{"ttl": 30}', {})
         with CaptureQueriesContext(connection) as complete:
-            asgi._perform("complete", tokens["a1"], todo.id, b"")
+            asgi._perform("complete", tokens["a1"], todo.id, b"", {})
         counted.append((len(claim), len(complete)))
     assert counted == [(2, 1), (1, 1)]
     assert Todo.objects.get(pk=first.pk).state == Todo.objects.get(pk=second.pk).state == "done"
@@ -318,9 +370,9 @@ def test_without_keeping_agents_each_request_reads_its_agent(
     settings.SWITCHBOARD_TODOS_AGENT_CACHE_SECONDS = 0
     todo, _ = Todo.objects.create_todo(queue="work", kind="k")
     with CaptureQueriesContext(connection) as claim:
-        asgi._perform("claim", tokens["a1"], None, b'{"ttl": 30}')
+        asgi._perform("claim", tokens["a1"], None, b'{"ttl": 30}', {})
     with CaptureQueriesContext(connection) as complete:
-        asgi._perform("complete", tokens["a1"], todo.id, b"")
+        asgi._perform("complete", tokens["a1"], todo.id, b"", {})
     assert (len(claim), len(complete)) == (2, 2)
 
 
@@ -334,10 +386,10 @@ def test_a_revoked_token_is_refused_at_its_very_next_request(
     held, _ = Todo.objects.create_todo(queue="work", kind="k")
     waiting, _ = Todo.objects.create_todo(queue="work", kind="k")
     token = tokens["a1"]
-    asgi._perform("claim", token, None, b'{"ttl": 30}')
+    asgi._perform("claim", token, None, b'{"ttl": 30}', {})
     revoke(Agent.objects.get(name="a1"))
     with pytest.raises(NotAuthenticated):
-        asgi._perform(verb, token, None if verb == "claim" else held.id, b"{}")
+        asgi._perform(verb, token, None if verb == "claim" else held.id, b"{}", {})
     held.refresh_from_db()
     assert (held.state, held.owner, held.attempt) == (State.CLAIMED, "a1", 1)
     assert Todo.objects.get(pk=waiting.pk).state == State.PENDING

@@ -6,9 +6,10 @@ verb. Against a live server, as a hostile agent floods it: tests/test_request_ca
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import httpx
@@ -88,6 +89,56 @@ def test_an_agents_token_is_known_while_it_has_requests_in_flight(
         request_cap.refuse_known(token)
 
 
+def in_another_request(held: ExitStack, *counts: AbstractContextManager[None]) -> None:
+    """Enter `counts` in turn as a request of its own would (in a context of its own), until
+    `held` closes."""
+    context = contextvars.Context()
+    for counted in counts:
+        context.run(counted.__enter__)
+        held.callback(context.run, counted.__exit__, None, None, None)
+
+
+def test_a_request_counted_before_its_lookup_is_counted_once(
+    agent_and_token: tuple[Agent, str],
+) -> None:
+    """Counted in front of Django's handler before its token is looked up, then by its agent
+    once looked up, and on another surface meanwhile: two requests, two counts."""
+    agent, token = agent_and_token
+    with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT=CAP), ExitStack() as held:
+        held.enter_context(request_cap.admitted_early(token))
+        held.enter_context(request_cap.admitted(agent))
+        request_cap.refuse_known(token)  # itself is not what takes the agent to its cap
+        in_another_request(held, request_cap.admitted(agent))  # its SQS request, say
+        with pytest.raises(Throttled, match=REFUSAL):
+            in_another_request(held, request_cap.admitted_early(token))
+    with held_to_the_cap(agent):  # all ended: none counts any more
+        pass
+
+
+def test_requests_counted_before_their_token_was_known_count_against_its_agent(
+    agent_and_token: tuple[Agent, str],
+) -> None:
+    """The first requests of a token not known here are counted under the token, CAP at most;
+    once one of them is looked up, all of them are its agent's, and its other surfaces find
+    the agent at its cap."""
+    agent, token = agent_and_token
+    with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT=CAP), ExitStack() as held:
+        in_another_request(held, request_cap.admitted_early(token))
+        in_another_request(held, request_cap.admitted_early(token))
+        with pytest.raises(Throttled, match="This token's agent already has 2 requests"):
+            in_another_request(held, request_cap.admitted_early(token))
+        with pytest.raises(Throttled, match=REFUSAL):  # its SQS request, say
+            in_another_request(held, request_cap.admitted(agent))
+    with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT=CAP), ExitStack() as held:
+        in_another_request(held, request_cap.admitted_early(token))
+        in_another_request(held, request_cap.admitted_early(token), request_cap.admitted(agent))
+        for refused in (request_cap.admitted(agent), request_cap.admitted_early(token)):
+            with pytest.raises(Throttled, match=REFUSAL):  # the agent's, both
+                in_another_request(held, refused)
+    with held_to_the_cap(agent):
+        pass
+
+
 def assert_throttled_problem(response: Any) -> None:
     """The API's 429: a problem of type throttled, with Retry-After."""
     assert response.status_code == 429, response.content
@@ -165,6 +216,44 @@ def test_past_the_cap_the_agent_loop_in_front_answers_429(
         fast.close()
     assert_throttled_problem(response)
     assert Todo.objects.get(pk=todo.pk).state == State.CLAIMED
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/api/todos/", {"queue": "work", "kind": "k"}),
+        ("POST", "/api/todos/batch/", {"todos": [{"queue": "work", "kind": "k"}]}),
+        ("GET", "/api/todos/", None),
+        ("POST", "/api/claim/", {"ttl": 30}),
+    ],
+)
+def test_in_front_a_token_past_the_cap_is_refused_before_it_is_known(
+    agent_and_token: tuple[Agent, str], method: str, path: str, body: Any
+) -> None:
+    """CAP requests of a token not yet looked up, counted in front of Django's handler: the
+    next one, whether AgentsAPIFirst answers it or passes it on, is refused on the event loop,
+    before Django's handler, a thread or a statement."""
+    _, token = agent_and_token
+    fast = AgentsAPIFirst(django_application, threads=1)
+    headers = {"Authorization": f"Bearer {token}"}
+
+    async def send() -> httpx.Response:
+        transport = httpx.ASGITransport(app=fast)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            return await http.request(method, path, json=body, headers=headers)
+
+    try:
+        with override_settings(SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT=CAP), ExitStack() as held:
+            for _ in range(CAP):
+                in_another_request(held, request_cap.admitted_early(token))
+            response = asyncio.run(send())
+    finally:
+        fast.close()
+    assert response.status_code == 429, response.content
+    assert response.headers["Retry-After"] == "1"
+    assert "This token's agent already has 2 requests in flight" in response.json()["detail"]
+    assert not Todo.objects.exists()
 
 
 def test_past_the_cap_an_mcp_tool_call_is_a_tool_error_without_a_connection(

@@ -31,8 +31,8 @@ MAX_WAIT = 20
 
 _waits = AgentCap(
     lambda: conf.AGENT_MAX_WAITS,
-    lambda name, cap: (
-        f"Agent {name!r} already has {cap} long polls waiting on this server "
+    lambda who, cap: (
+        f"{who} already has {cap} long polls waiting on this server "
         "(SWITCHBOARD_TODOS_AGENT_MAX_WAITS): let one of them answer before starting "
         f"another; poll again in {RETRY_AFTER} s at the earliest."
     ),

@@ -31,8 +31,8 @@ from switchboard_todos.models import Agent
 
 _requests = AgentCap(
     lambda: conf.AGENT_MAX_CONCURRENT,
-    lambda name, cap: (
-        f"Agent {name!r} already has {cap} requests in flight on this server "
+    lambda who, cap: (
+        f"{who} already has {cap} requests in flight on this server "
         "(SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT), long polls included: wait for one of them "
         f"to be answered before sending another; try again in {RETRY_AFTER} s."
     ),
@@ -43,6 +43,14 @@ def admitted(agent: Agent) -> AbstractContextManager[None]:
     """Count a request of `agent` while it runs, or raise Throttled when the agent has
     SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT in flight already."""
     return _requests.admitted(agent.name, agent.token_hash)
+
+
+def admitted_early(token: str) -> AbstractContextManager[None]:
+    """Count a request carrying `token` while it runs, before the token is looked up (its
+    agent's `admitted` inside then counts it no more), or raise Throttled when its agent, or
+    the token while its agent is not known here, has SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT in
+    flight already."""
+    return _requests.admitted_early(tokens.token_hash(token))
 
 
 def refuse_known(token: str) -> None:

@@ -6,16 +6,22 @@ thread started per request, two hops between threads per synchronous middleware,
 signals, an HttpRequest, ninja's parameter machinery), and the API drained at a sixth of the
 in-process rate. `AgentsAPIFirst` answers these POSTs itself, in one hop to a thread that
 authenticates, parses and validates the body with the API's own schemas, and runs the
-service's verb. Every other request (list, get, create, the schema, anything not the API's)
-goes to the application it wraps, and api/views.py stays where the whole API is defined and
-documented.
+service's verb; and the creates (`POST todos/`, `todos/batch/`), which cost three times their
+own work through Django's handler, and are what an agent flooding the server sends. Every other
+request (list, get, the schema, anything not the API's) goes to the application it wraps, and
+api/views.py stays where the whole API is defined and documented.
 
-The token comes first. A request without a well-formed bearer token is answered 401 before its
-body is even read, and one whose agent is known to be at its cap of requests in flight
-(agents/request_cap.py) 429; any other body is read on the event loop (I/O only, at most
-DATA_UPLOAD_MAX_MEMORY_SIZE kept) and parsed on the thread, only once the token was found: no
-body, whatever its size, is parsed on the event loop, where it would hold up every long poll
-this process serves, and no anonymous body is parsed at all.
+The token comes first. A verb's request without a well-formed bearer token is answered 401
+before its body is even read. Every request of the API with a token, the verbs' and those
+passed on to Django alike, is counted among its agent's requests in flight
+(agents/request_cap.py) on the event loop, before its token is looked up: past the cap it is
+answered 429 there, holding no thread and no connection. An agent's creates and plans take
+their turns here, one at a time per token (`Turns`): each would wait on the agent's row for the
+one before it (its quotas count every write there), and waiting there it held a thread and a
+connection, and one agent's burst took every thread. A verb's body is read on the event loop
+(I/O only, at most DATA_UPLOAD_MAX_MEMORY_SIZE kept) and parsed on the thread, only once the
+token was found: no body, whatever its size, is parsed on the event loop, where it would hold up
+every long poll this process serves, and no anonymous body is parsed at all.
 
 The answers are the API's: the same schemas, service, error table and problem responses
 (tests/test_api_fast.py sends every kind of request both ways and compares). What these
@@ -38,11 +44,14 @@ connects again); a connection of Django's pool goes back to the pool after each 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import json
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -54,7 +63,8 @@ from django.urls import get_resolver
 from django.urls.exceptions import Resolver404
 from pydantic import ValidationError
 
-from switchboard_todos.agents import disconnects, request_cap, service
+from switchboard_todos import tracing
+from switchboard_todos.agents import disconnects, request_cap, service, tokens
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.agents.serialize import reads_database, todo_json, todos_json
 from switchboard_todos.api import problems
@@ -62,8 +72,10 @@ from switchboard_todos.api.schemas import (
     ClaimIn,
     ClaimOneIn,
     CompleteIn,
+    CreateIn,
     FailIn,
     HeartbeatIn,
+    PlanIn,
     ReleaseIn,
     Request,
 )
@@ -107,6 +119,9 @@ BY_ID: dict[str, tuple[type[Request], Verb]] = {
 }
 #: The claim from queues (`POST claim/`).
 CLAIM = "claim"
+#: The creates answered here, by route name (api/views.py): a todo (a POST to the list's route,
+#: `todos/`) and a plan (`todos/batch/`), and the body's schema of each.
+CREATES: dict[str, type[Request]] = {"todos": CreateIn, "create_many": PlanIn}
 
 
 class Aborted(Exception):
@@ -120,10 +135,32 @@ class Waiting(NamedTuple):
     arguments: ClaimIn
 
 
-class AgentsAPIFirst:
-    """ASGI: the agent loop's verbs answered directly, every other request passed on.
+class Turns:
+    """One at a time per key (a token), the others waiting on the event loop in order."""
 
-    `application = AgentsAPIFirst(get_asgi_application())`. Which requests are the verbs is the
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class AgentsAPIFirst:
+    """ASGI: the agent loop's verbs and the creates answered directly, every other request
+    passed on (each request of the API counted first among its agent's requests in flight).
+
+    `application = AgentsAPIFirst(get_asgi_application())`. Which requests these are is the
     project's URLconf's to say, wherever it mounts `include("switchboard_todos.api.urls")`.
     """
 
@@ -131,6 +168,7 @@ class AgentsAPIFirst:
         self.application = application
         self.threads = threads
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="switchboard-todos-api")
+        self._turns = Turns()
 
     def close(self) -> None:
         """Close the connections the threads keep, and stop the threads.
@@ -150,17 +188,25 @@ class AgentsAPIFirst:
         self._threads.shutdown()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = _route(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        route = _route(scope) if scope["type"] == "http" else None
         if route is None or not _allowed_host(scope):
             await self.application(scope, receive, send)  # Django says what is wrong with a host
             return
+        verb, todo_id = route
         https = https_of(scope)
         answer: HttpResponse | bytes | None = None
         if https is not None:
             answer = https.middleware.process_request(https.request)
-        if answer is None:
+        if scope["method"] != "POST" or not (verb in BY_ID or verb == CLAIM or verb in CREATES):
+            if answer is not None:  # plain HTTP: Django's handler redirects it
+                await self.application(scope, receive, send)
+                return
+            answer = await self._passed_on(scope, receive, send)
+            if answer is None:  # Django's handler answered it
+                return
+        elif answer is None:
             try:
-                answer = await self._answer(scope, *route, receive)
+                answer = await self._answer(scope, verb, todo_id, receive)
             except Aborted:
                 return
         if https is not None:
@@ -175,6 +221,25 @@ class AgentsAPIFirst:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
+    async def _passed_on(self, scope: Scope, receive: Receive, send: Send) -> HttpResponse | None:
+        """Any other route of the API, passed on to Django's handler counted among its token's
+        requests in flight; or, past the cap, the 429 that refuses it on the event loop, having
+        taken no thread and no connection. A request without a well-formed token goes on
+        uncounted: Django's handler says what is wrong with it (or answers it, where the route
+        needs no token)."""
+        authorization = _header(scope, b"authorization")
+        token = _bearer(authorization)
+        if token is None or not tokens.well_formed(token):
+            await self.application(scope, receive, send)
+            return None
+        with ExitStack() as counted:
+            try:
+                counted.enter_context(request_cap.admitted_early(token))
+            except TodoError as error:
+                return problems.todo_error_response(error, authorization)
+            await self.application(scope, receive, send)
+        return None
+
     async def _answer(
         self, scope: Scope, verb: str, todo_id: str | None, receive: Receive
     ) -> HttpResponse | bytes:
@@ -184,23 +249,37 @@ class AgentsAPIFirst:
         """
         authorization = _header(scope, b"authorization")
         token = _bearer(authorization)
-        try:
-            service.check_shape(token)
-            assert token is not None
-            request_cap.refuse_known(token)
-        except TodoError as error:  # refused before the body is read, on no thread
-            return problems.todo_error_response(error, authorization)
+        with ExitStack() as counted:
+            try:
+                service.check_shape(token)
+                assert token is not None
+                counted.enter_context(request_cap.admitted_early(token))
+            except TodoError as error:  # refused before the body is read, on no thread
+                return problems.todo_error_response(error, authorization)
+            if verb in CREATES:
+                async with self._turns.turn(token):
+                    return await self._run(scope, verb, token, todo_id, receive)
+            return await self._run(scope, verb, token, todo_id, receive)
+
+    async def _run(
+        self, scope: Scope, verb: str, token: str, todo_id: str | None, receive: Receive
+    ) -> HttpResponse | bytes:
+        """The body, then the verb on one of the threads (a long poll on the event loop)."""
         body = await _read_body(receive)
         loop = asyncio.get_running_loop()
         answer: bytes | Waiting | HttpResponse | None
         try:
-            answer = await loop.run_in_executor(self._threads, _perform, verb, token, todo_id, body)
+            # In this request's context: the verb's count of the agent finds it counted already.
+            perform = functools.partial(_perform, verb, token, todo_id, body, scope)
+            answer = await loop.run_in_executor(
+                self._threads, contextvars.copy_context().run, perform
+            )
             if isinstance(answer, Waiting):  # suspended, not holding a thread
                 with request_cap.admitted(answer.agent):
                     gone = disconnects.disconnected(receive)
                     answer = await disconnects.unless_gone(self._long_poll(answer), gone)
         except TodoError as error:
-            return problems.todo_error_response(error, authorization)
+            return problems.todo_error_response(error, _header(scope, b"authorization"))
         except Exception as error:
             return problems.server_error_response(f"POST {scope['path']}", error)
         if answer is None:
@@ -219,7 +298,7 @@ class AgentsAPIFirst:
 
 
 def _perform(
-    verb: str, token: str | None, todo_id: str | None, body: bytes | None
+    verb: str, token: str | None, todo_id: str | None, body: bytes | None, scope: Scope
 ) -> bytes | Waiting | HttpResponse:
     """On one of the threads: authenticate, then parse the body (or refuse it), then run the
     verb, counted among the agent's requests in flight, and serialize its answer. A claim with
@@ -229,14 +308,18 @@ def _perform(
     statement, so a request is one statement, and a revoked token is still refused at once.
     """
     try:
-        # The claim by id reads the agent's grants before its statement: read them now.
-        agent = service.authenticate(token) if verb == "claim_todo" else service.recognise(token)
+        # The claim by id and the creates read the agent's grants before their statements:
+        # read them now.
+        reads_grants = verb == "claim_todo" or verb in CREATES
+        agent = service.authenticate(token) if reads_grants else service.recognise(token)
         arguments = _arguments(verb, body)
         if isinstance(arguments, HttpResponse):
             return arguments
         if isinstance(arguments, ClaimIn) and arguments.wait:
             return Waiting(agent, arguments)
         with request_cap.admitted(agent):
+            if verb in CREATES:
+                return _created(agent, arguments, scope)
             if verb != CLAIM:
                 assert todo_id is not None
                 return _body(BY_ID[verb][1](agent, todo_id, arguments))
@@ -248,6 +331,40 @@ def _perform(
             )
     finally:
         finish_with_connections()
+
+
+def _created(agent: Agent, arguments: Request, scope: Scope) -> HttpResponse:
+    """A create's answer, as api/views.py's `create_for` and `create_many` give it: 201 when it
+    created (a todo's with its Location), 200 when idempotency keys found every todo live."""
+    names = {name.decode("latin1") for name, _ in scope["headers"]}
+    with tracing.remote({name: _header(scope, name.encode("latin1")) for name in names}):
+        if isinstance(arguments, CreateIn):
+            todo, created = service.create_for(agent, **arguments.model_dump())
+            answer = HttpResponse(
+                json.dumps(todo_json(todo)),
+                status=201 if created else 200,
+                content_type="application/json",
+            )
+            if created:
+                answer["Location"] = f"{_request_path(scope)}{todo.id}/"
+            return answer
+        assert isinstance(arguments, PlanIn)
+        made = service.create_many_for(
+            agent, todos=[todo.model_dump(exclude_none=True) for todo in arguments.todos]
+        )
+    shaped = todos_json([todo for todo, _created in made])
+    answers = [{"todo": t, "created": c} for t, (_, c) in zip(shaped, made, strict=True)]
+    status = 201 if any(c for _, c in made) else 200
+    return HttpResponse(
+        json.dumps({"todos": answers}), status=status, content_type="application/json"
+    )
+
+
+def _request_path(scope: Scope) -> str:
+    """The request's path as Django's ASGIRequest.path has it."""
+    script_name = get_script_prefix(scope)
+    path_info = scope["path"].removeprefix(script_name) if script_name else scope["path"]
+    return "{}/{}".format(script_name.rstrip("/"), path_info.replace("/", "", 1))
 
 
 def _body(answer: Todo | list[Todo]) -> bytes:
@@ -285,17 +402,15 @@ def _response(answer: HttpResponse | bytes) -> HttpResponse:
 
 
 def _route(scope: Scope) -> tuple[str, str | None] | None:
-    """(verb, todo id) if the project's URLconf resolves the path to one of the verbs."""
+    """(route name, todo id) if the project's URLconf resolves the path to a route of the API."""
     path = scope["path"].removeprefix(get_script_prefix(scope))  # as ASGIRequest.path_info
     try:
         match = get_resolver().resolve(path)
     except Resolver404:
         return None
-    if NAMESPACE not in match.namespaces or not (
-        match.url_name in BY_ID or match.url_name == CLAIM
-    ):
+    if NAMESPACE not in match.namespaces:
         return None
-    return match.url_name, match.kwargs.get("todo_id")
+    return match.url_name or "", match.kwargs.get("todo_id")
 
 
 def _header(scope: Scope, name: bytes) -> str:
@@ -358,7 +473,7 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 def _arguments(verb: str, body: bytes | None) -> Request | HttpResponse:
     """The verb's body, parsed and validated as ninja does; or the problem that refuses it."""
-    schema = ClaimIn if verb == CLAIM else BY_ID[verb][0]
+    schema = ClaimIn if verb == CLAIM else CREATES[verb] if verb in CREATES else BY_ID[verb][0]
     if body is None:
         return problems.too_large_response()
     if not body:
