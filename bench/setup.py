@@ -1,8 +1,10 @@
 """Point Django at a scratch benchmark database, created and migrated on demand.
 
 The benchmarks empty `todos` over and over, so they never run on the project's own database:
-BENCH_DATABASE_URL names theirs; without it, they use database `switchboard_bench` on the
-server of DATABASE_URL (set by `make bench`'s database wrapper), else on the local server.
+BENCH_DATABASE_URL names theirs; without it, they use the database of DATABASE_URL (set by
+`make bench`'s database wrapper) with `_bench` added to its name, on the same server, so that
+two checkouts with databases of their own never empty each other's; without either,
+`switchboard_bench` on the local server.
 A scratch database migrated by another version of the code (one whose migrations have since been
 renamed, as on a CI machine that keeps its databases) is dropped and created again.
 """
@@ -17,7 +19,8 @@ import psycopg
 from psycopg import sql
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/switchboard_bench"
-BENCH_DATABASE = "switchboard_bench"
+#: What the benchmark database's name adds to the project database's.
+BENCH_SUFFIX = "_bench"
 #: Set (by `--no-prepare`) to run our side with SWITCHBOARD_TODOS_PREPARE = False.
 NO_PREPARE = "BENCH_NO_PREPARE"
 
@@ -29,7 +32,9 @@ def database_url() -> str:
         return url
     project = os.environ.get("DATABASE_URL")
     if project:
-        return urlunsplit(urlsplit(project)._replace(path=f"/{BENCH_DATABASE}"))
+        parts = urlsplit(project)
+        name = parts.path.lstrip("/") or "switchboard"
+        return urlunsplit(parts._replace(path=f"/{name}{BENCH_SUFFIX}"))
     return DEFAULT_URL
 
 

@@ -11,6 +11,7 @@ import pytest
 from psycopg import sql
 
 from bench import celery_brokers
+from bench import setup as bench_setup
 from bench.__main__ import SCENARIOS
 from tests.conftest import ROOT, database_url
 
@@ -154,3 +155,24 @@ def test_a_scratch_database_of_another_version_is_made_again(
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+@pytest.mark.parametrize(
+    ("environment", "url"),
+    [
+        ({"BENCH_DATABASE_URL": "postgres://h/mine"}, "postgres://h/mine"),
+        ({"DATABASE_URL": "postgres://u@h:5433/shop"}, "postgres://u@h:5433/shop_bench"),
+        ({"DATABASE_URL": "postgres://u@h:5433/"}, "postgres://u@h:5433/switchboard_bench"),
+        ({}, "postgres://postgres@127.0.0.1:5432/switchboard_bench"),
+    ],
+)
+@pytest.mark.django_db(transaction=False)
+def test_each_project_database_has_its_own_benchmark_database(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], url: str
+) -> None:
+    """Two checkouts with databases of their own never empty each other's benchmark tables."""
+    monkeypatch.delenv("BENCH_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert bench_setup.database_url() == url
