@@ -17,6 +17,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.core.signals import setting_changed
 from django.db import IntegrityError, connections, models, router
 from django.db.backends.utils import CursorWrapper
 
@@ -324,22 +325,21 @@ class Routes:
     (SWITCHBOARD_TODOS_QUEUE_DATABASES). Asking every router in turn cost a single claim or
     complete a few microseconds a call. A project's own router may answer the same question
     differently (a database per tenant of the request, say): then it is asked each time. The
-    answers are dropped when the routers or the setting change (override_settings makes new
-    ones)."""
+    answers are dropped when the routers change (override_settings makes new ones) or the
+    setting does (`setting_changed`)."""
 
     def __init__(self) -> None:
         self._routers: object = None
-        self._placing: object = None
         self._ours = False
         self._answers: dict[tuple[str, ...] | None, Any] = {}
 
     def database(self, queues: tuple[str, ...] | None, ask: Callable[[], R]) -> R:
         """The answer for `queues` (None: a todo by id), from `ask` unless remembered."""
-        routers, placing = router.routers, placement.queue_databases()
-        if routers is not self._routers or placing != self._placing:
+        routers = router.routers
+        if routers is not self._routers:
             self._answers = {}
             self._ours = all(type(each) is placement.QueueRouter for each in routers)
-            self._routers, self._placing = routers, placing
+            self._routers = routers
         if not self._ours:
             return ask()
         answer: R | None = self._answers.get(queues)
@@ -347,9 +347,15 @@ class Routes:
             answer = self._answers[queues] = ask()
         return answer
 
+    def forget(self, *, setting: str, **kwargs: Any) -> None:
+        """Drop every answer when the placement setting changes (a `setting_changed` receiver)."""
+        if setting == "SWITCHBOARD_TODOS_QUEUE_DATABASES":
+            self._answers = {}
+
 
 #: This process's routing answers.
 routes = Routes()
+setting_changed.connect(routes.forget)
 
 
 #: For how many seconds after this process last met a todo that waits for others in a
