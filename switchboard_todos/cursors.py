@@ -29,8 +29,9 @@ from django.db.backends.postgresql.base import CursorDebugWrapper, CursorMixin
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
 from psycopg import Connection, Cursor, errors
-from psycopg._queries import PostgresQuery, _query2pg_nocache
+from psycopg._queries import PostgresQuery, QueryPart, _query2pg_nocache
 from psycopg.abc import Params, Query
+from psycopg.adapt import PyFormat
 from psycopg.pq import TransactionStatus
 from psycopg.types.datetime import TimestamptzLoader
 
@@ -47,12 +48,19 @@ EXPLICIT_ONLY = 2**31
 _generation = 0
 
 
-#: psycopg's conversion of a statement's %(name)s placeholders to $n, remembered for statements
-#: of any length. psycopg remembers only those up to 4,096 bytes (longer ones are mostly ORMs'
-#: ever-changing INSERTs), so it converted the 10 KB claim again at every call: 100 to 350 us,
-#: more than the claim's own work in the database. The manager runs a few fixed statements
-#: (and a queryset claim's, which vary: hence a bound).
-_converted = lru_cache(maxsize=256)(_query2pg_nocache)
+@lru_cache(maxsize=256)
+def _converted(
+    query: str, encoding: str
+) -> tuple[bytes, list[PyFormat], list[str] | None, list[QueryPart]]:
+    """psycopg's conversion of a statement's %(name)s placeholders to $n, remembered for
+    statements of any length. psycopg remembers only those up to 4,096 bytes (longer ones are
+    mostly ORMs' ever-changing INSERTs), so it converted the 10 KB claim again at every call:
+    100 to 350 us, more than the claim's own work in the database. The manager runs a few fixed
+    statements (and a queryset claim's, which vary: hence a bound). Remembered by the text
+    itself, not its bytes: the manager's statements are the same str objects at every call,
+    whose hash Python keeps, where encoding the claim's 8 KB and hashing the bytes anew cost
+    a few microseconds a statement."""
+    return _query2pg_nocache(query.encode(encoding), encoding)
 
 
 class RememberedQuery(PostgresQuery):
@@ -65,7 +73,7 @@ class RememberedQuery(PostgresQuery):
             super().convert(query, vars)
             return
         self.query, self._want_formats, self._order, self._parts = _converted(
-            self._ensure_bytes(query), self._tx.encoding
+            query, self._tx.encoding
         )
         self.dump(vars)
 
@@ -88,6 +96,8 @@ class PreparingCursor(CursorMixin, Cursor[Any]):
         self.naive = naive
         #: Handed out by cursor() and not closed since: another cursor() call makes another.
         self.in_use = False
+        #: Django's wrapper of this cursor, made once: it keeps nothing of a call.
+        self.wrapped: CursorWrapper | None = None
 
     def close(self) -> None:
         """Give the cursor back to its connection (cursor()), its results dropped; it stays
@@ -165,8 +175,10 @@ def cursor(wrapper: BaseDatabaseWrapper, *, prepared: bool = True) -> CursorWrap
     wrapper.validate_thread_sharing()
     if wrapper.queries_logged:
         return LoggingCursorWrapper(kept, wrapper)
-    # django-stubs type this as taking a CursorWrapper; it takes the DB-API cursor.
-    return wrapper.make_cursor(kept)  # type: ignore[arg-type]
+    if kept.wrapped is None or kept.wrapped.db is not wrapper:
+        # django-stubs type this as taking a CursorWrapper; it takes the DB-API cursor.
+        kept.wrapped = wrapper.make_cursor(kept)  # type: ignore[arg-type]
+    return kept.wrapped
 
 
 #: The attribute of Django's connection that keeps its cursor for the todo statements
@@ -246,11 +258,12 @@ def _array_element(value: str | int | datetime) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def column_names(cursor: CursorWrapper) -> tuple[bytes | None, ...]:
+def column_names(cursor: CursorWrapper | Cursor[Any]) -> tuple[bytes | None, ...]:
     """The names of the columns of the statement just run, read straight off its result:
     `cursor.description` builds an object per column, costing more than a short row."""
     result = cursor.pgresult
-    return tuple(result.fname(number) for number in range(result.nfields))
+    assert result is not None, "a statement has run"
+    return tuple(map(result.fname, range(result.nfields)))
 
 
 def _read_timestamps_quickly(wrapper: BaseDatabaseWrapper, raw: Cursor[Any]) -> None:

@@ -126,6 +126,49 @@ def test_a_pinned_manager_wins_over_the_placement() -> None:
     assert claimed is not None and claimed.id == todo.id and claimed._state.db == "eu"
 
 
+class TenantRouter:
+    """A project's own router: every todo in the database of the tenant at hand."""
+
+    database = "default"
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return self.database if model._meta.app_label == placement.APP_LABEL else None
+
+    db_for_read = db_for_write
+
+
+def test_a_project_router_of_its_own_is_asked_at_every_call() -> None:
+    """The routers' answers are remembered only while every router is a QueueRouter
+    (managers/machinery.py, Routes): a project's own may answer differently at the next call,
+    for a queue and for a todo by id alike."""
+    todo, _ = Todo.objects.create_todo(queue="eu-orders", kind="k")
+    try:
+        with override_settings(DATABASE_ROUTERS=[f"{__name__}.TenantRouter"]):
+            TenantRouter.database = "default"
+            assert Todo.objects.claim_next("eu-orders", "w", 30) is None
+            TenantRouter.database = "eu"
+            claimed = Todo.objects.claim_next("eu-orders", "w", 30)
+            assert claimed is not None and claimed.id == todo.id
+            TenantRouter.database = "default"
+            with pytest.raises(TodoNotFound):
+                Todo.objects.complete(todo.id, "w")
+            TenantRouter.database = "eu"
+            assert Todo.objects.complete(todo.id, "w").state == State.DONE
+    finally:
+        TenantRouter.database = "default"
+
+
+def test_a_changed_placement_is_followed_at_the_next_call(settings: Any) -> None:
+    """The remembered answers of QueueRouter go with the setting they came from."""
+    todo, _ = Todo.objects.create_todo(queue="eu-orders", kind="k")
+    assert todo.id in ids_in("eu")
+    settings.SWITCHBOARD_TODOS_QUEUE_DATABASES = {}
+    assert Todo.objects.claim_next("eu-orders", "w", 30) is None  # default has none
+    settings.SWITCHBOARD_TODOS_QUEUE_DATABASES = PLACED
+    claimed = Todo.objects.claim_next("eu-orders", "w", 30)
+    assert claimed is not None and claimed.id == todo.id
+
+
 def test_a_pinned_manager_prepares_its_statements_on_its_database() -> None:
     eu = Todo.objects.db_manager("eu")
     for _ in range(6):  # prepared at once; the count shows they were reused, not re-prepared

@@ -20,6 +20,7 @@ from switchboard_todos.claims.marks import (
     Marks,
     marks,
 )
+from switchboard_todos.cursors import array_literal
 from switchboard_todos.models import State, Todo
 from tests.helpers import MakeTodo
 
@@ -204,3 +205,26 @@ def test_a_quiet_key_s_todo_committed_after_claims_passed_its_turn_is_claimed_ne
     creator.join(30)
     found = Todo.objects.claim_next("default", "w1", 30)
     assert found is not None and found.id == quiet["todo"].id
+
+
+def test_the_claims_parameters_are_the_arrays_text_forms() -> None:
+    """ClaimMarks.params builds each array for its one type: the same text as
+    cursors.array_literal gives."""
+    at = datetime(2026, 1, 1, 12, 30, 1, 5, tzinfo=UTC)
+    found = ClaimMarks(
+        marks=[at, FROM_HEAD, datetime.min.replace(tzinfo=UTC)],
+        tops=[7, BELOW_ALL, -100],
+        bottoms=[0, BELOW_ALL, 100],
+        group_queues=[NO_QUEUE, 'a "b"', "c\\d"],
+        group_priorities=[BELOW_ALL, 7, 0],
+        group_marks=[FROM_HEAD, at + HOUR, at],
+        full_scan=False,
+    )
+    assert found.params() == {
+        **{
+            name: array_literal(value)
+            for name, value in found._asdict().items()
+            if name != "full_scan"
+        },
+        "full_scan": False,
+    }

@@ -97,11 +97,35 @@ class ClaimMarks(NamedTuple):
     full_scan: bool
 
     def params(self) -> dict[str, Any]:
-        """The claim's parameters: each array in its text form (cursors.array_literal)."""
+        """The claim's parameters: each array in its text form (cursors.array_literal), each
+        built for its one type, the scan from the head's text made once: a claim's marks
+        cost a third as much again by array_literal's test of each element."""
         return {
-            name: array_literal(value) if isinstance(value, list) else value
-            for name, value in self._asdict().items()
+            "marks": _instants(self.marks),
+            "tops": _numbers(self.tops),
+            "bottoms": _numbers(self.bottoms),
+            "group_queues": array_literal(self.group_queues),
+            "group_priorities": _numbers(self.group_priorities),
+            "group_marks": _instants(self.group_marks),
+            "full_scan": self.full_scan,
         }
+
+
+#: FROM_HEAD as an element of an array's text form (cursors.array_literal).
+_FROM_HEAD_TEXT = f'"{FROM_HEAD.isoformat()}"'
+
+
+def _instants(values: list[datetime]) -> str:
+    """array_literal of aware datetimes."""
+    texts = [
+        _FROM_HEAD_TEXT if value is FROM_HEAD else f'"{value.isoformat()}"' for value in values
+    ]
+    return "{" + ",".join(texts) + "}"
+
+
+def _numbers(values: list[int]) -> str:
+    """array_literal of priorities (integers, never bools)."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 class Marks:

@@ -263,20 +263,21 @@ class Holding(Machinery):
         """
         params = {**params, **receipt_guard(receipt), "credential": credential}
         alias = self._db_alias
+        placed = self._on_database(alias)  # its statements ask the router no more
         if dependencies.lately(alias):
             lean = None
         todo = None
         if lean is not None:
-            rows = self._run(name, params, statement=queries[lean])
+            rows = placed._run(name, params, statement=queries[lean])
             todo = rows[0][0] if rows else None
         if todo is None:
-            todo = self._transition(name, params)
+            todo = placed._transition(name, params)
             if lean is not None and todo is not None:
                 dependencies.met(alias)  # a todo others wait for, left by the lean statement
         if todo is not None:
             return todo
         todo_id, owner = params["todo_id"], params["owner"]
-        seen = self._seen([todo_id]).get(todo_id)
+        seen = placed._seen([todo_id]).get(todo_id)
         if (
             receipt is not None
             and seen is not None
@@ -290,7 +291,7 @@ class Holding(Machinery):
                 state=seen["state"],
                 owner=seen["owner"],
             )
-        return self._explain_miss(name, todo_id, owner, seen)
+        return placed._explain_miss(name, todo_id, owner, seen)
 
     aheartbeat = async_twin(heartbeat)
     aheartbeat_many = async_twin(heartbeat_many)

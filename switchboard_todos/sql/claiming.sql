@@ -343,7 +343,7 @@ counted AS ({{counted(claimed, slot, room)}})
 
 -- name: claim_ready
 -- claim_next, lean, for the common case: queues that no todo_queues row pauses or limits, and
--- a claim that does not look for expired leases (not %(full_scan)s). The same ready and due
+-- a claim that does not look for expired leases (not a full scan). The same ready and due
 -- scans, the same concurrency keys, turns and %(max_held)s, without what only limits and
 -- taken-over leases need (room's lock, slots, the rate count, the failure history), which
 -- cost the claim of one todo most of its time in the executor. Whether a queue is paused or
