@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.db.models.functions import Now
 from django.test import override_settings
 from mcp import ClientSession
@@ -112,6 +113,15 @@ def test_the_server_declares_tasks_and_the_tools_that_run_as_tasks(http_session:
     assert executions["create_for"].task_support == "optional"
 
 
+def handed_off() -> list[str]:
+    """The ids of the todos in `handoff`, read on a thread of its own: its connection closed,
+    not left for the garbage collector to find open in some later test."""
+    try:
+        return list(Todo.objects.filter(queue="handoff").values_list("id", flat=True))
+    finally:
+        connections.close_all()
+
+
 def test_delegate_wait_and_read_the_result(open_session: Opener) -> None:
     """create_for as a task answers at once, working; the holder's progress note is the status
     message; tasks/result waits until another agent completes it, and is the tool's result:
@@ -122,8 +132,7 @@ def test_delegate_wait_and_read_the_result(open_session: Opener) -> None:
         waiting = asyncio.create_task(result(session, task["taskId"]))
         await asyncio.to_thread(on_own_connection, partial(report_progress, "handoff", "halfway"))
         working = await get(session, task["taskId"])
-        todo_id = Todo.objects.filter(queue="handoff").values_list("id", flat=True)
-        [todo] = await asyncio.to_thread(list, todo_id)
+        [todo] = await asyncio.to_thread(handed_off)
         await asyncio.to_thread(
             on_own_connection, Todo.objects.complete, todo, "worker", {"answer": 42}
         )
