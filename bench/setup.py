@@ -68,7 +68,7 @@ def configure(*, migrate: bool = True) -> str:
     if migrate:
         create_database(url)
     # Child processes inherit these, and with them the same database and settings.
-    os.environ["DATABASE_URL"] = url
+    os.environ["DATABASE_URL"] = os.environ["BENCH_DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     django.setup()
     if os.environ.get(NO_PREPARE):
