@@ -14,6 +14,7 @@ import pytest
 from django.db import connection
 
 from switchboard_todos.agents import accounts, service
+from switchboard_todos.agents.service import quotas
 from switchboard_todos.exceptions import Throttled
 from switchboard_todos.models import Agent, Todo
 from tests.conftest import database_url, run_in_threads
@@ -207,3 +208,17 @@ def test_a_write_past_the_quota_is_refused_without_waiting_for_the_agents_row() 
                 cursor.execute("RESET lock_timeout")
     assert 1 <= refused.value.retry_after <= 2  # the database's clock moves here
     assert Todo.objects.filter(queue="work").count() == 3
+
+
+def test_turns_already_past_are_forgotten(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turns a process remembers stay bounded: those past are dropped once there are
+    TURNS_KEPT of them (a rotated token's, a deleted agent's), those to come are kept."""
+    monkeypatch.setattr(quotas, "TURNS_KEPT", 4)
+    monkeypatch.setattr(quotas, "_turns", {})
+    quotas._turns.update({(f"gone-{n}", "creations"): 0.0 for n in range(3)})
+    quotas._turns[("waiting", "creations")] = time.monotonic() + 3600
+    for _ in range(3):
+        create(agent)
+    with pytest.raises(Throttled):
+        create(agent)
+    assert set(quotas._turns) == {("waiting", "creations"), (agent.token_hash, "creations")}

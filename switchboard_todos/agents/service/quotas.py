@@ -162,6 +162,9 @@ def _count(agent: Agent, count: int, quota: int, size: int) -> float | None:
 #: token starts afresh) and quota to come back at (`_turn`), in time.monotonic().
 _turns: dict[tuple[str, str], float] = {}
 _turns_lock = threading.Lock()
+#: Past this many remembered turns, those already past are forgotten (`_turn`): a turn in the
+#: past tells nothing, and rotated tokens and deleted agents would otherwise stay for good.
+TURNS_KEPT = 1024
 
 
 def _turn(agent: Agent, paced: str, wait: float, worth: float) -> float:
@@ -176,6 +179,9 @@ def _turn(agent: Agent, paced: str, wait: float, worth: float) -> float:
     """
     now = time.monotonic()
     with _turns_lock:
+        if len(_turns) >= TURNS_KEPT:
+            for past in [key for key, turn in _turns.items() if turn <= now]:
+                del _turns[past]
         turn = max(_turns.get((agent.token_hash, paced), 0.0) + worth, now + wait)
         _turns[(agent.token_hash, paced)] = turn
     return turn - now
