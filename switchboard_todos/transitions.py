@@ -248,6 +248,7 @@ TRANSITIONS: dict[str, Transition] = {
         _owner_guarded("complete_leaf", method="complete"),
         _owner_guarded("complete_many"),
         _owner_guarded("fail"),
+        _owner_guarded("fail_leaf", method="fail"),
         _owner_guarded("release"),
         Transition("reap_expired", _CLAIMED),
         Transition("repair_blocked", frozenset({State.PENDING})),

@@ -216,7 +216,7 @@ class Holding(Machinery):
             "notify": conf.LISTEN,
         }
         began = tracing.started()
-        failed = self._held_transition("fail", params, None, credential)
+        failed = self._held_transition("fail", params, None, credential, lean="fail_leaf")
         if began is not None:
             tracing.settled(began, "fail", [failed], params["owner"])
         return failed
@@ -257,9 +257,9 @@ class Holding(Machinery):
         another claim than the receipt names is a conflict that says so. (A credential that no
         longer holds is its surface's to tell: agents/service checks it after a miss.)
 
-        `lean` names a leaner statement for the common case (complete_leaf), run first unless
-        this process met dependencies lately (Dependencies): one that matches no row leaves
-        the todo to statement `name`, which then runs.
+        `lean` names a leaner statement for the common case (complete_leaf, fail_leaf), run
+        first unless this process met dependencies lately (Dependencies): one that matches no
+        row leaves the todo to statement `name`, which then runs.
         """
         params = {**params, **receipt_guard(receipt), "credential": credential}
         alias = self._db_alias

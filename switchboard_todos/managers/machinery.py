@@ -359,18 +359,19 @@ setting_changed.connect(routes.forget)
 
 
 #: For how many seconds after this process last met a todo that waits for others in a
-#: database its completes there run `complete` at once (Dependencies).
+#: database its completes and fails there run `complete` and `fail` at once (Dependencies).
 DEPENDENCIES_REMEMBERED = 10.0
 
 
 class Dependencies:
     """When this process last met, in each database, a todo that waits for others (one the
-    manager's statements returned, or a complete that complete_leaf left alone).
+    manager's statements returned, or a complete or fail that its lean statement left alone).
 
-    `complete` of a todo runs complete_leaf, lean, which leaves a todo that others wait for
-    alone, and then the full statement; for DEPENDENCIES_REMEMBERED seconds after such a
-    meeting it runs the full one at once, sparing the parents of a graph that process runs the
-    lean statement's round trip. A choice of statement only: neither is ever wrong.
+    `complete` and `fail` of a todo run complete_leaf and fail_leaf, lean, which leave a todo
+    that others wait for alone, and then the full statement; for DEPENDENCIES_REMEMBERED
+    seconds after such a meeting they run the full one at once, sparing the parents of a graph
+    that process runs the lean statement's round trip. A choice of statement only: neither is
+    ever wrong.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:

@@ -131,14 +131,35 @@ SELECT id, false AS done
    AND state = 'claimed' AND owner = %(owner)s
    AND id NOT IN (SELECT id FROM completed);
 
+-- fragment: attempt_failed(entry, trimmed)
+-- The SET list of the UPDATE that records a failed attempt of a todo (fail, fail_leaf): back
+-- to pending after a backoff below the cap, a dead letter at it, its error the result. A retry
+-- with a fair key takes a new turn (fair_turn): behind the todos its key already has waiting,
+-- as a new one would. %(delays)s is the backoff schedule, one entry per attempt; the last entry
+-- repeats; %(retry_in)s, when given, replaces it. The failure history's new entry (`entry`,
+-- the statement's "entry" CTE) and what `trimmed` deleted are counted on the row (dropped,
+-- grown).
+state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
+    next_retry_at = CASE WHEN attempt < max_attempts THEN now() + coalesce(
+                        %(retry_in)s::interval,
+                        make_interval(secs => (%(delays)s::float8[])[
+                            least(attempt, cardinality(%(delays)s::float8[]))]))
+                    END,
+    fair_at = CASE WHEN attempt < max_attempts AND fair_key IS NOT NULL
+                   THEN {{fair_turn(queue, priority, fair_key)}} ELSE fair_at END,
+    owner = NULL,
+    lease_expires_at = NULL,
+    result = %(error)s::jsonb,
+    errors_dropped = errors_dropped + {{dropped($trimmed, todos)}},
+    errors_bytes = errors_bytes + {{grown($entry, $trimmed, todos)}},
+    completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
+    updated_at = now()
+
 -- name: fail
--- Record a failed attempt: back to pending after a backoff below the cap, dead letter at it,
--- settling the todos that wait for it (lost, in shared.sql). A retry with a fair key takes a
--- new turn (fair_turn): behind the todos its key already has waiting, as a new one would.
--- %(delays)s is the backoff schedule, one entry per attempt; the last entry repeats. The todo
--- is locked first ("held"), so that its entry in the failure history is written with the
--- owner and attempt that ended. Guard: claimed, same owner; the credential, when the caller
--- names one.
+-- Record a failed attempt (attempt_failed), settling the todos that wait for it when it
+-- becomes a dead letter (lost, in shared.sql). The todo is locked first ("held"), so that its
+-- entry in the failure history is written with the owner and attempt that ended. Guard:
+-- claimed, same owner; the credential, when the caller names one.
 WITH held AS MATERIALIZED (
     SELECT id, owner, attempt, claimed_at
       FROM todos
@@ -151,21 +172,7 @@ trimmed AS ({{trimmed(entry)}}),
 noted AS ({{noted(entry)}}),
 failed AS (
 UPDATE todos
-   SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
-       next_retry_at = CASE WHEN attempt < max_attempts THEN now() + coalesce(
-                           %(retry_in)s::interval,
-                           make_interval(secs => (%(delays)s::float8[])[
-                               least(attempt, cardinality(%(delays)s::float8[]))]))
-                       END,
-       fair_at = CASE WHEN attempt < max_attempts AND fair_key IS NOT NULL
-                      THEN {{fair_turn(queue, priority, fair_key)}} ELSE fair_at END,
-       owner = NULL,
-       lease_expires_at = NULL,
-       result = %(error)s::jsonb,
-       errors_dropped = errors_dropped + {{dropped(trimmed, todos)}},
-       errors_bytes = errors_bytes + {{grown(entry, trimmed, todos)}},
-       completed_at = CASE WHEN attempt >= max_attempts THEN now() END,
-       updated_at = now()
+   SET {{attempt_failed(entry, trimmed)}}
  WHERE id = (SELECT id FROM held)
 RETURNING *
 ),
@@ -193,6 +200,33 @@ finished AS (
 )
 SELECT * FROM failed
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM finished) >= 0;
+
+-- name: fail_leaf
+-- fail of a todo that no todo waits for, the common case: the same guard, the same failed
+-- attempt (attempt_failed) and the same history entry, trimmed alike, with its notifications
+-- (a retry due at once to its queue's workers, a dead letter to whoever awaits it) sent from
+-- the row it returns; without the CTEs that settle the todos waiting for a dead letter, which
+-- cost a single fail more to start than to run. A todo that some todo waits for (an edge in
+-- todo_edges, as lost and spared find them) is left alone: no row, as for a miss, and the
+-- manager runs fail.
+WITH held AS MATERIALIZED (
+    SELECT id, owner, attempt, claimed_at
+      FROM todos
+     WHERE id = %(todo_id)s AND state = 'claimed' AND owner = %(owner)s
+       AND {{credential_holds}}
+       AND NOT EXISTS (SELECT FROM todo_edges WHERE parent_id = %(todo_id)s)
+       FOR NO KEY UPDATE
+),
+entry AS MATERIALIZED ({{error_entries(held, owner, %(error)s::jsonb)}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}})
+UPDATE todos
+   SET {{attempt_failed(entry, trimmed)}}
+ WHERE id = (SELECT id FROM held)
+RETURNING *,
+          CASE WHEN state = 'failed' AND awaited THEN pg_notify('switchboard_todos_done', id)
+               WHEN state = 'pending' AND next_retry_at <= now() AND %(notify)s
+               THEN pg_notify('switchboard_todos', queue) END AS notified;
 
 -- name: release
 -- Give the lease back without using up an attempt; claimable again after %(delay)s (zero: at
