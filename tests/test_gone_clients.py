@@ -28,7 +28,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, connections
 
-from switchboard_todos.agents import accounts, service
+from switchboard_todos.agents import accounts, disconnects, service
 from switchboard_todos.claims import long_polls
 from switchboard_todos.managers import TodoManager
 from switchboard_todos.models import Agent, State, Todo
@@ -178,6 +178,44 @@ def test_a_killed_mcp_client_claims_nothing(start_server: Callable[..., str]) ->
     todo, _ = Todo.objects.create_todo(queue=QUEUE, kind="k")
     assert consumer.received() == [todo.id]
     received_promptly(todo.id, other)
+
+
+def test_an_mcp_request_reads_its_body_once_then_its_watcher_alone_reads() -> None:
+    """`watching`, as the MCP endpoint serves a request (mcp/http.py): what serves it reads the
+    body as sent; past it, the watcher alone reads `receive()`, a later read waits for the
+    disconnect the watcher saw, and a call waiting `unless_client_gone` ends on it. Once the
+    request ends, with or without a disconnect, no watcher is left running."""
+
+    async def requests() -> None:
+        sent: asyncio.Queue[disconnects.Message] = asyncio.Queue()
+        reads = 0
+
+        async def receive() -> disconnects.Message:
+            nonlocal reads
+            reads += 1
+            return await sent.get()
+
+        body = [(b'{"id": 1,', True), (b' "method": "tools/call"}', False)]
+        for chunk, more in body:
+            sent.put_nowait({"type": "http.request", "body": chunk, "more_body": more})
+        running = asyncio.all_tasks()
+        async with disconnects.watching(receive) as watched:
+            assert [(m["body"], m["more_body"]) for m in (await watched(), await watched())] == body
+            call = asyncio.ensure_future(disconnects.unless_client_gone(asyncio.Event().wait()))
+            later = asyncio.ensure_future(watched())
+            await asyncio.sleep(0.01)
+            assert not (call.done() or later.done()) and reads == 3  # the watcher's read waits
+            sent.put_nowait({"type": "http.disconnect"})
+            assert await call is None and await later == {"type": "http.disconnect"}
+        assert reads == 3 and asyncio.all_tasks() == running
+
+        sent.put_nowait({"type": "http.request", "body": b"{}", "more_body": False})
+        async with disconnects.watching(receive) as watched:
+            await watched()
+            await asyncio.sleep(0.01)
+        assert asyncio.all_tasks() == running and sent.empty()
+
+    asyncio.run(requests())
 
 
 class HeldClaims:

@@ -21,7 +21,8 @@ import pytest
 from django.db import connections
 from django.db.backends.utils import CursorWrapper
 
-from switchboard_todos.agents import accounts
+from switchboard_todos.agents import accounts, long_poll_cap
+from switchboard_todos.claims import long_polls
 from switchboard_todos.mcp.http import PEEK_MAX, holder_call, streamable_http
 from switchboard_todos.models import Agent, State, Todo
 
@@ -98,12 +99,10 @@ class Session:
                 "params": {"name": tool, "arguments": arguments},
             }
         )
-        events = [
-            json.loads(line[len("data:") :])
-            for line in response.text.splitlines()
-            if line.startswith("data:")
-        ]
-        return response.status_code, events[-1]["result"] if events else {}
+        if response.status_code != 200:
+            return response.status_code, {}
+        assert response.headers["content-type"] == "application/json"  # one body, no stream
+        return response.status_code, response.json()["result"]
 
 
 def served(scenario: Callable[[Session], Any], token: str) -> Any:
@@ -126,6 +125,41 @@ def served(scenario: Callable[[Session], Any], token: str) -> Any:
 @pytest.fixture
 def token() -> str:
     return accounts.create_agent("fast", claim_queues=["work"])[1]
+
+
+def test_a_call_its_client_cancels_is_answered_202_without_a_body(token: str) -> None:
+    """A claim waiting for work that its client cancels (`notifications/cancelled`): its POST
+    is answered 202 with no body, no JSON-RPC response, as the protocol says of a cancelled
+    request (the official Python client's close fails on a response it no longer reads)."""
+
+    async def scenario(session: Session) -> tuple[httpx.Response, int]:
+        claim = {
+            "jsonrpc": "2.0",
+            "id": "waiting",
+            "method": "tools/call",
+            "params": {"name": "claim", "arguments": {"queues": ["work"], "ttl": 30, "wait": 20}},
+        }
+        waiting = asyncio.ensure_future(session.post(claim))
+        for _ in range(3000):  # the state, not a delay: until its long poll is admitted
+            if long_poll_cap._waits._counts["fast"]:
+                break
+            await asyncio.sleep(0.01)
+        cancel = {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": "waiting"},
+        }
+        cancelled = await session.post(cancel)
+        return await waiting, cancelled.status_code
+
+    Todo.objects.create_todo(queue="elsewhere", kind="k")
+    try:
+        answered, cancelled = served(scenario, token)
+    finally:
+        long_polls.stop()  # the listener its long poll started
+    assert cancelled == 202
+    assert (answered.status_code, answered.content) == (202, b"")
+    assert Todo.objects.filter(owner="fast").count() == 0
 
 
 def test_claim_and_complete_are_one_statement_each(

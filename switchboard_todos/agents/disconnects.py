@@ -10,8 +10,9 @@ for its whole lease. So a long poll stops when its client disconnects, as ASGI t
 * the surfaces answered in front of Django (api/asgi.py, sqs/mount.py) listen for it
   themselves while a long poll waits (`disconnected`), and cancel it (`unless_gone`);
 * the MCP endpoint runs each tool call apart from the request that carried it: the request
-  notes its client's disconnect (`watching`, mcp/http.py) for the claim tool to stop on it
-  (`unless_client_gone`, mcp/server.py).
+  watches for its client's disconnect itself (`watching`, mcp/http.py), whatever the SDK
+  reads of it (its event stream listens; a JSON answer would read nothing), for the claim
+  tool to stop on it (`unless_client_gone`, mcp/server.py).
 
 A long poll cancelled so claims nothing more; what a claim of it running then took is given
 back at once, its attempt not counted (claims/long_polls.py), as is a claim whose answer is
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -65,16 +66,32 @@ async def unless_gone(work: Awaitable[T], gone: Awaitable[object]) -> T | None:
     return None
 
 
-@contextlib.contextmanager
-def watching(receive: Receive) -> Iterator[Receive]:
-    """`receive`, noting the client's disconnect, whoever reads it (the MCP endpoint's event
-    stream), for `unless_client_gone` in this context and the tasks it starts meanwhile."""
+@contextlib.asynccontextmanager
+async def watching(receive: Receive) -> AsyncIterator[Receive]:
+    """`receive`, and the client's disconnect noted for `unless_client_gone` in this context
+    and the tasks it starts meanwhile.
+
+    Once whoever serves the request has read its body (the last `http.request`), a task of
+    ours reads `receive()` for the disconnect until the request ends, whether or not anything
+    else would (a JSON answer reads nothing more; an event stream listens): a later call of
+    the `receive` given waits for that disconnect instead of reading a second time.
+    """
     gone = asyncio.Event()
+    watchers: list[asyncio.Task[None]] = []
+
+    async def watch() -> None:
+        await disconnected(receive)
+        gone.set()
 
     async def receive_watched() -> Message:
+        if watchers:
+            await gone.wait()
+            return {"type": "http.disconnect"}
         message = await receive()
         if message["type"] == "http.disconnect":
             gone.set()
+        elif not message.get("more_body", False):
+            watchers.append(asyncio.create_task(watch()))
         return message
 
     token = _client_gone.set(gone)
@@ -82,6 +99,10 @@ def watching(receive: Receive) -> Iterator[Receive]:
         yield receive_watched
     finally:
         _client_gone.reset(token)
+        for watcher in watchers:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
 
 
 async def unless_client_gone(work: Awaitable[T]) -> T | None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -31,13 +32,13 @@ from mcp.server.auth.middleware.bearer_auth import (
 )
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel import Server
-from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http import REQUEST_CANCELLED, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import (
     DEFAULT_SESSION_IDLE_TIMEOUT,
     StreamableHTTPSessionManager,
 )
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.types import INVALID_REQUEST, ErrorData, JSONRPCError
+from mcp.types import INVALID_REQUEST, ErrorData, JSONRPCError, JSONRPCMessage
 from pydantic import ConfigDict
 from starlette.authentication import AuthenticationError
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -279,16 +280,20 @@ class AgentSessions(StreamableHTTPSessionManager):
     its creation lock, and keeps whose it is in `_session_owners` until the session ends,
     however it ends: DELETE, the idle timeout, a crash, an opening request it refused. Counted
     there, the cap is exact and cannot be raced. (Both are the SDK's private names, which the
-    live tests of the cap hold to the installed SDK.)
+    live tests of the cap hold to the installed SDK.) There too, each session's transport is
+    given its answer to a call its client cancelled (`_unless_cancelled`).
     """
 
     def __init__(self, server: Server[Any], idle_timeout: float) -> None:
         # The Host check is AllowedHosts' (Django's semantics); the SDK's would accept only
-        # localhost names.
+        # localhost names. A POST is answered with one JSON body, not an event stream: the
+        # stream cost both ends more than the call, and what only it carried (a call's
+        # notifications) no tool sends; a client's disconnect is watched in `serve`.
         super().__init__(
             server,
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             session_idle_timeout=idle_timeout,
+            json_response=True,
         )
         self.idle_timeout = idle_timeout
 
@@ -296,7 +301,7 @@ class AgentSessions(StreamableHTTPSessionManager):
         """Serve one request of the endpoint; past the agent's cap, 429 and Retry-After. The
         tool call it carries sees its client's disconnect (agents/disconnects.py)."""
         try:
-            with disconnects.watching(receive) as watched:
+            async with disconnects.watching(receive) as watched:
                 await self.handle_request(scope, watched, send)
         except Throttled as error:
             message = problem_text(errors.THROTTLED, str(error), error.retry_after)
@@ -320,7 +325,12 @@ class AgentSessions(StreamableHTTPSessionManager):
                     "longer uses (HTTP DELETE with its Mcp-Session-Id) before opening another.",
                     retry_after=self._first_to_idle_out(held),
                 )
-        return super()._admit_session(requestor)
+        transport = super()._admit_session(requestor)
+        if transport is not None:  # the SDK's private seam: the JSON answer of each request
+            transport._create_json_response = partial(  # type: ignore[method-assign]
+                _unless_cancelled, transport._create_json_response
+            )
+        return transport
 
     def _first_to_idle_out(self, sessions: list[str]) -> float:
         """Seconds before the first of `sessions` ends of idleness, if none is used meanwhile."""
@@ -331,6 +341,22 @@ class AgentSessions(StreamableHTTPSessionManager):
             if transport is not None and transport.idle_scope is not None
         ]
         return min([*ends, self.idle_timeout])
+
+
+def _unless_cancelled(
+    answer: Callable[..., Response], message: JSONRPCMessage | None, *args: Any, **kwargs: Any
+) -> Response:
+    """The SDK's JSON answer to a request; to a call its client cancelled, 202 and no body.
+
+    The protocol says a cancelled request gets no response, and the SDK answers one with a
+    REQUEST_CANCELLED error only to end its POST. The official Python client, closing its
+    session with a call in flight, cancels the call and writes that answer to its closed
+    stream, which fails its close (its event-stream path, and its handling of a 202, ignore
+    it); a 202 ends the POST with nothing for any client to read.
+    """
+    if isinstance(message, JSONRPCError) and message.error.code == REQUEST_CANCELLED:
+        return Response(status_code=202)
+    return answer(message, *args, **kwargs)
 
 
 def _json_rpc_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:

@@ -24,7 +24,8 @@ note as `statusMessage`), done `completed`, a dead letter `failed` (its last err
 `statusMessage`), one cancelled (by an operator, or through `tasks/cancel`) `cancelled`. Its
 result (`tasks/result`, once it ended) is the tool's: the todo as it ended in the tool's own
 output shape, or its error as a tool error. Before that answer, the status is notified on the
-request's stream (`notifications/tasks/status`), where the transport carries it. Failures are
+request's stream (`notifications/tasks/status`), where the transport carries it (stdio; not
+streamable HTTP, which answers with one JSON body, mcp/http.py). Failures are
 JSON-RPC errors: an unknown task, another agent's, or one that ended already (cancel) is
 INVALID_PARAMS, as the protocol says.
 """
