@@ -61,6 +61,6 @@ def test_the_map_names_every_package() -> None:
 
 
 def test_the_check_finds_a_path_that_is_gone() -> None:
-    text = "| a lease | `switchboard_todos/leases.py`, `switchboard_todos/models.py` |"
-    assert named_paths(text) == {"switchboard_todos/leases.py", "switchboard_todos/models.py"}
+    text = "| a lease | `switchboard_todos/leases.py`, `switchboard_todos/models/todos.py` |"
+    assert named_paths(text) == {"switchboard_todos/leases.py", "switchboard_todos/models/todos.py"}
     assert not (ROOT / "switchboard_todos/leases.py").exists()

@@ -252,6 +252,17 @@ SELECT known.*
 UNION ALL
 {{ready_scan($wanted.queue, priority < $wanted.bottom, $wanted.mark)}}
 
+-- fragment: due_retry(queue)
+-- The condition of the claims' scans of due retries (their "due" CTEs), all but the test of
+-- the state, which is the claim's guard and so is written in the claim (transitions.py): a
+-- todo of `queue` whose retry fell due, assigned to no one or to %(owner)s, whose concurrency
+-- key no other claimed todo holds (key_free).
+next_retry_at IS NOT NULL
+  AND queue = $queue
+  AND next_retry_at <= now()
+  AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
+  AND {{key_free(todos)}}
+
 -- name: claim_next
 -- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
 -- priority first, then the earliest turn (fair_at: a todo's creation time without a fair key;
@@ -292,11 +303,7 @@ due AS MATERIALIZED (
             SELECT * FROM (
                 SELECT id, priority, concurrency_key, next_retry_at, fair_at
                   FROM todos
-                 WHERE state = 'pending' AND next_retry_at IS NOT NULL
-                   AND queue = wanted.queue
-                   AND next_retry_at <= now()
-                   AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
-                   AND {{key_free(todos)}}
+                 WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
                  ORDER BY next_retry_at
                  LIMIT 1000
                    FOR UPDATE SKIP LOCKED
@@ -372,11 +379,7 @@ due AS MATERIALIZED (
             SELECT * FROM (
                 SELECT id, priority, concurrency_key, next_retry_at, fair_at
                   FROM todos
-                 WHERE state = 'pending' AND next_retry_at IS NOT NULL
-                   AND queue = wanted.queue
-                   AND next_retry_at <= now()
-                   AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
-                   AND {{key_free(todos)}}
+                 WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
                  ORDER BY next_retry_at
                  LIMIT 1000
                    FOR UPDATE SKIP LOCKED
@@ -425,11 +428,7 @@ candidate AS MATERIALIZED (
             SELECT * FROM (
                 SELECT id, priority, next_retry_at, fair_at
                   FROM todos
-                 WHERE state = 'pending' AND next_retry_at IS NOT NULL
-                   AND queue = wanted.queue
-                   AND next_retry_at <= now()
-                   AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
-                   AND {{key_free(todos)}}
+                 WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
                  ORDER BY next_retry_at
                  LIMIT 1000
                    FOR UPDATE SKIP LOCKED
