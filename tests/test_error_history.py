@@ -13,6 +13,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.core.management import call_command
 from django.db import connection
 from django.db.models import F, Sum
@@ -173,7 +174,7 @@ def test_the_admin_and_the_task_result_show_the_history(
     todo = make_todo(max_attempts=5)
     Todo.objects.claim(todo.id, "w1", 60)
     failed(todo, {"type": "ValueError", "message": "first try"})
-    page = admin_client.get(f"/admin/switchboard_todos/todo/{todo.pk}/change/")
+    page = admin_client.get(f"/admin/switchboard_todos/todo/{quote(todo.pk)}/change/")
     assert "first try" in page.content.decode()
     assert stored(todo).errors[0]["owner"] == "w1"
 

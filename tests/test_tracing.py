@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from django.contrib.admin.utils import quote
 from django.test import Client
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -413,10 +414,10 @@ def test_the_trace_id_is_read_from_what_a_todo_stores() -> None:
 def test_the_admin_shows_a_todos_trace_id_only_when_it_has_one(admin_client: Client) -> None:
     traced = Todo.objects.create(kind="k", trace_context=json.dumps({"traceparent": TRACEPARENT}))
     untraced = Todo.objects.create(kind="k")
-    page = admin_client.get(f"/admin/switchboard_todos/todo/{traced.pk}/change/")
+    page = admin_client.get(f"/admin/switchboard_todos/todo/{quote(traced.pk)}/change/")
     assert page.status_code == 200
     assert TRACE in page.content.decode() and "trace id" in page.content.decode().lower()
-    page = admin_client.get(f"/admin/switchboard_todos/todo/{untraced.pk}/change/")
+    page = admin_client.get(f"/admin/switchboard_todos/todo/{quote(untraced.pk)}/change/")
     assert page.status_code == 200 and "trace id" not in page.content.decode().lower()
 
 
