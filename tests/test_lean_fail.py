@@ -17,7 +17,7 @@ from switchboard_todos.agents import accounts
 from switchboard_todos.claims.listen import CHANNEL, ENDED_CHANNEL
 from switchboard_todos.exceptions import TodoConflict, TodoError, TodoNotFound
 from switchboard_todos.managers.machinery import dependencies
-from switchboard_todos.models import ErrorEntry, State, Todo
+from switchboard_todos.models import Agent, ErrorEntry, State, Todo
 from tests.conftest import database_url
 from tests.helpers import MakeTodo
 
@@ -139,21 +139,20 @@ def test_a_leaf_fail_is_one_statement(make_todo: MakeTodo, django_assert_num_que
         assert Todo.objects.fail(todo.id, "w1", "boom").state == State.FAILED
 
 
-def revoked_agent(make_todo: MakeTodo) -> tuple[str, dict[str, Any]]:
-    """A todo held by an agent whose credential was revoked since its surface read it."""
-    agent, _ = accounts.create_agent("a1")
-    todo = make_todo(state=State.CLAIMED, owner=agent.name)
-    credential = agent.credential_salt
-    accounts.revoke(agent)
-    return todo.id, {"owner": agent.name, "credential": credential}
+def lapsed_credential(
+    lapse: Callable[[Agent], object],
+) -> Callable[[MakeTodo], tuple[str, dict[str, Any]]]:
+    """A todo held by an agent whose credential `lapse` (revoke, rotate_token) ended since its
+    surface read it."""
 
+    def held(make_todo: MakeTodo) -> tuple[str, dict[str, Any]]:
+        agent, _ = accounts.create_agent("a1")
+        todo = make_todo(state=State.CLAIMED, owner=agent.name)
+        credential = agent.credential_salt
+        lapse(agent)
+        return todo.id, {"owner": agent.name, "credential": credential}
 
-def rotated_agent(make_todo: MakeTodo) -> tuple[str, dict[str, Any]]:
-    agent, _ = accounts.create_agent("a2")
-    todo = make_todo(state=State.CLAIMED, owner=agent.name)
-    credential = agent.credential_salt
-    accounts.rotate_token(agent)
-    return todo.id, {"owner": agent.name, "credential": credential}
+    return held
 
 
 def theirs(make_todo: MakeTodo) -> tuple[str, dict[str, Any]]:
@@ -177,7 +176,14 @@ def cancelled(make_todo: MakeTodo) -> tuple[str, dict[str, Any]]:
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "refused",
-    [theirs, pending, ended, cancelled, revoked_agent, rotated_agent],
+    [
+        theirs,
+        pending,
+        ended,
+        cancelled,
+        lapsed_credential(accounts.revoke),
+        lapsed_credential(accounts.rotate_token),
+    ],
     ids=["another owner's", "pending", "done", "cancelled while held", "revoked", "rotated"],
 )
 def test_a_refused_fail_is_refused_as_before(

@@ -218,19 +218,19 @@ SELECT *
          WHERE EXISTS (SELECT FROM $limited)) AS taken
  ORDER BY ranked_priority DESC, ranked_at
 
--- fragment: ready_todos
+-- fragment: ready_todos(room)
 -- The body of a claim's "ready" CTE: the ready todos of each queue of %(queues)s, locked, in
 -- claim order from its marks (ready_scans), each queue as far as %(limit)s and its room (the
--- "room" CTE: nothing limits a queue without a row there).
+-- statement's `room` CTE: nothing limits a queue without a row there).
 SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
        candidate.fair_at AS claimable_at
   FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
               (SELECT %(tops)s::int[]), (SELECT %(bottoms)s::int[]))
        AS wanted (queue, mark, top, bottom)
-  LEFT JOIN room ON room.queue = wanted.queue
+  LEFT JOIN $room ON $room.queue = wanted.queue
  CROSS JOIN LATERAL (
         SELECT * FROM ({{ready_scans(wanted)}}) AS locked
-        LIMIT least((SELECT %(limit)s::int), room.room)
+        LIMIT least((SELECT %(limit)s::int), $room.room)
        ) AS candidate
 
 -- fragment: ready_scans(wanted)
@@ -293,7 +293,7 @@ next_retry_at IS NOT NULL
 -- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
 -- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
 WITH room AS MATERIALIZED ({{room((SELECT %(queues)s::text[])::text[])}}),
-ready AS MATERIALIZED ({{ready_todos}}),
+ready AS MATERIALIZED ({{ready_todos(room)}}),
 due AS MATERIALIZED (
     SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
            greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
@@ -369,7 +369,7 @@ room AS MATERIALIZED (
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      WHERE EXISTS (SELECT FROM limited)
 ),
-ready AS MATERIALIZED ({{ready_todos}}),
+ready AS MATERIALIZED ({{ready_todos(room)}}),
 due AS MATERIALIZED (
     SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
            greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
