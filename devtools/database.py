@@ -4,7 +4,9 @@ In order:
 
 1. `DATABASE_URL`, when set: nothing is probed or printed.
 2. The local server at `SWITCHBOARD_LOCAL_POSTGRES` (default 127.0.0.1:5432), when it accepts
-   user `postgres` without a password; its database `switchboard` is created if missing.
+   user `postgres` without a password; its database `switchboard` (or
+   `SWITCHBOARD_DATABASE_NAME`: two checkouts, or CI's two legs, each with its own) is created
+   if missing.
 3. An embedded, throwaway PostgreSQL: the binaries of the `pgserver` wheel (or the system's
    `initdb`/`pg_ctl`, or `SWITCHBOARD_POSTGRES_BIN`), a fresh cluster in
    `.local/postgres-<pid>/`, listening on a free port of 127.0.0.1 only. (As root it runs as
@@ -52,6 +54,8 @@ from psycopg import errors, sql
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PROJECT_DATABASE = "switchboard"
+#: Names the project's database instead, on the local server or the embedded one.
+DATABASE_NAME_VARIABLE = "SWITCHBOARD_DATABASE_NAME"
 LOCAL_ADDRESS = "127.0.0.1:5432"
 #: Passed to child processes beside DATABASE_URL: what was chosen, for them to report.
 CHOICE_VARIABLE = "SWITCHBOARD_DATABASE_CHOICE"
@@ -78,11 +82,14 @@ class NoDatabase(RuntimeError):
     """No PostgreSQL could be found or started."""
 
 
-def ensure_database_url(database: str = PROJECT_DATABASE) -> str:
-    """Return DATABASE_URL; when it is unset, choose a server, export its URL and say which."""
+def ensure_database_url(database: str | None = None) -> str:
+    """Return DATABASE_URL; when it is unset, choose a server, export its URL and say which.
+
+    The database is `database`, else SWITCHBOARD_DATABASE_NAME, else `switchboard`."""
     url = os.environ.get("DATABASE_URL")
     if url:
         return url
+    database = database or os.environ.get(DATABASE_NAME_VARIABLE) or PROJECT_DATABASE
     address = os.environ.get("SWITCHBOARD_LOCAL_POSTGRES") or LOCAL_ADDRESS
     host, port = _split_address(address)
     try:

@@ -173,8 +173,8 @@ def commit_after_the_other_blocks(sql: str, params: list[object]) -> threading.T
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 waiting = other.execute(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
                 ).fetchone()
                 if waiting and waiting[0]:
                     break

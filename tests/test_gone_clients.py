@@ -67,7 +67,8 @@ def claim_begun_since(moment: datetime) -> bool:
     clock): a long poll's first claim, before it waits."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s "
             "AND (starts_with(query, %s) OR starts_with(query, %s) OR starts_with(query, %s)) "
             "AND query_start >= %s",
             [SERVER, *CLAIMS, moment],

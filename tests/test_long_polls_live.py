@@ -71,7 +71,9 @@ def start_server(subprocess_env: dict[str, str]) -> Iterator[Callable[..., str]]
 def server_connections() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [SERVER]
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
+            [SERVER],
         )
         count: int = cursor.fetchone()[0]
     return count

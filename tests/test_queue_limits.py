@@ -180,8 +180,8 @@ def waiting_on_a_lock(on: BaseDatabaseWrapper) -> bool:
     """Whether another session waits for a lock."""
     with on.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
         )
         return bool(cursor.fetchone()[0])
 

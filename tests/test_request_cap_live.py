@@ -49,8 +49,8 @@ def queued_on_locks() -> int:
     """The server's connections waiting on a lock: the admitted creates, queueing on the row."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = %s AND wait_event_type = 'Lock'",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s AND wait_event_type = 'Lock'",
             [SERVER],
         )
         count: int = cursor.fetchone()[0]

@@ -21,6 +21,7 @@ from psycopg import sql
 from devtools import database
 from devtools.database import (
     CHOICE_VARIABLE,
+    DATABASE_NAME_VARIABLE,
     FALLBACK_ROOT,
     NoDatabase,
     chosen,
@@ -76,10 +77,12 @@ def test_database_url_wins(
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("named_by", ["argument", "variable"])
 def test_local_server_is_used_and_its_database_created(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], named_by: str
 ) -> None:
-    """The local server answers: its project database is created, exported and announced once."""
+    """The local server answers: its project database is created, exported and announced once.
+    Its name is the caller's, else SWITCHBOARD_DATABASE_NAME's (CI's second leg has its own)."""
     test_server = connection.settings_dict
     if test_server["USER"] != "postgres" or test_server["PASSWORD"]:
         pytest.skip("the probe connects as postgres without a password")
@@ -88,8 +91,10 @@ def test_local_server_is_used_and_its_database_created(
     monkeypatch.delenv("DATABASE_URL")
     monkeypatch.delenv(CHOICE_VARIABLE, raising=False)
     monkeypatch.setenv("SWITCHBOARD_LOCAL_POSTGRES", address)
+    if named_by == "variable":
+        monkeypatch.setenv(DATABASE_NAME_VARIABLE, name)
     try:
-        url = ensure_database_url(name)
+        url = ensure_database_url(name if named_by == "argument" else None)
         assert url == f"postgres://postgres@{address}/{name}"
         assert os.environ["DATABASE_URL"] == url
         with psycopg.connect(url) as created:
