@@ -7,7 +7,7 @@ token) is an error, not silently ignored.
 The OpenAPI document states every constraint the server holds a request to, so that a client
 generated from it cannot build a request the server refuses (tests/test_api_schema.py runs
 Schemathesis over it). Numbers are bounded here, by pydantic, exactly as the schema says. Text
-is checked by the core (validation.py), whose messages HTTP and MCP share; the schema states the
+is checked by the core (validation/), whose messages HTTP and MCP share; the schema states the
 same rules as patterns built from the core's own constants.
 """
 
