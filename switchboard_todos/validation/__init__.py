@@ -15,7 +15,7 @@ of each transition's argument by its name). Every name is imported from here
 
 from __future__ import annotations
 
-from switchboard_todos.validation.argument_table import ARGUMENTS, R, arguments, optional
+from switchboard_todos.validation.argument_table import ARGUMENTS, arguments, optional
 from switchboard_todos.validation.creating import (
     CREATION_DEFAULTS,
     MAX_PARENTS,
@@ -118,7 +118,6 @@ __all__ = [
     "TODO_ID_MAX_LENGTH",
     "WHITESPACE",
     "JsonText",
-    "R",
     "Seconds",
     "arguments",
     "assignee",
