@@ -13,10 +13,15 @@ same wait in place of the creates: the noisy key's reference), `aside` (the keye
 quiet todos created in a queue no Worker serves: what the creates cost the noisy key by
 sharing the machine, not the queue), and `fifo` (the same backlog and creates without any fair
 key: the contrast, the quiet todos queue behind the backlog).
+
+Beside the dwell, each run notes how long each quiet create took as this process saw it (its
+round trip, `time.perf_counter`): the dwell begins when the create's statement begins, and on
+a machine the drain keeps busy the create itself is slower, before any claim can see it.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -59,6 +64,8 @@ class Outcome:
     p50: float = 0.0
     p99: float = 0.0
     noisy: float = 0.0
+    #: The median of the quiet creates' round trips, in ms.
+    create: float = 0.0
 
 
 def fill(backlog: int, keys: int) -> None:
@@ -97,22 +104,26 @@ def produce(
 ) -> None:
     """After `warm_up` seconds (the Workers are up and claiming by then), create a quiet todo in
     queue `into` at each of `schedule`'s offsets (seconds), round the quiet keys; without a
-    queue, only wait as long. `window` gets the database's time at both ends."""
+    queue, only wait as long. `window` gets the database's time at both ends, and under
+    "creates" each create's round trip in ms."""
     from switchboard_todos.models import Todo
 
     time.sleep(warm_up)
     window["start"] = now()
+    window["creates"] = creates = []
     began = time.monotonic()
     for number, offset in enumerate(schedule):
         time.sleep(max(0.0, began + offset - time.monotonic()))
         if into is not None:
             key = number % QUIET_KEYS
+            sent = time.perf_counter()
             Todo.objects.create_todo(
                 queue=into,
                 kind="bench.noop",
                 payload={"quiet": key},
                 fair_key=f"quiet-{key}" if keyed else None,
             )
+            creates.append((time.perf_counter() - sent) * 1000)
     window["end"] = now()
 
 
@@ -141,6 +152,7 @@ def one_run(
             if p50 is None:
                 raise BenchError("fair_queue: the backlog was gone before the first quiet todo")
             outcome.p50, outcome.p99 = p50.total_seconds() * 1000, p99_.total_seconds() * 1000
+            outcome.create = statistics.median(window["creates"])
         if backlog:
             cursor.execute(NOISY_CLAIMS, window)
             claims, seconds = cursor.fetchone()
@@ -189,6 +201,16 @@ def run(bench: Bench) -> None:
                     note=note,
                 )
             )
+    bench.add(
+        Row(
+            f"fair queue, a quiet create's round trip beside {backlog:,} todos of one key, p50",
+            [outcome.create for outcome in outcomes["fair"]],
+            [outcome.create for outcome in outcomes["quiet"]],
+            "quiet keys alone",
+            unit="ms",
+            note=f"the part of the dwell before any claim can see the todo; {note}",
+        )
+    )
     bench.add(
         Row(
             f"fair queue, the noisy key's {backlog:,} todos beside the quiet keys",

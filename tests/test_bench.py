@@ -78,6 +78,7 @@ ROWS = {
         "quiet keys' dwell beside 5,000 todos of one key, p99",
         "FIFO (no keys), quiet todos' dwell beside 5,000 todos, p50",
         "FIFO (no keys), quiet todos' dwell beside 5,000 todos, p99",
+        "a quiet create's round trip beside 5,000 todos of one key, p50",
         "the noisy key's 5,000 todos beside the quiet keys",
         "the noisy key's 5,000 todos, the quiet keys enqueuing to another queue",
     ],
