@@ -150,13 +150,17 @@ def _current(query: Any) -> Any:
     return f"{query}\n/* prepared again: {_generation} */" if _generation else query
 
 
-def cursor(wrapper: BaseDatabaseWrapper, *, prepared: bool = True) -> CursorWrapper:
+def cursor(
+    wrapper: BaseDatabaseWrapper, *, prepared: bool = True, statement: str | None = None
+) -> CursorWrapper:
     """A cursor on Django's connection `wrapper` for the todo statements (see above).
 
     `prepared=False` plans each statement at each call, on the table as it is then: for a
     statement whose best plan depends on the table's size (the turns of fair keys,
     sql/shared.sql fair_turn), which a generic plan made while the table was nearly empty
-    would read in full at every call until the next ANALYZE.
+    would read in full at every call until the next ANALYZE. `statement` (a statement's text,
+    or a name) says which statement the cursor is for: each has a kept cursor of its own
+    (_kept_cursor says why).
     """
     if not conf.PREPARE or not prepared:
         wrapped = wrapper.cursor()
@@ -171,7 +175,7 @@ def cursor(wrapper: BaseDatabaseWrapper, *, prepared: bool = True) -> CursorWrap
             connection.prepare_threshold = EXPLICIT_ONLY
         if conf.GENERIC_PLANS and connection not in _generic:
             _plan_generically(connection)
-        kept = _kept_cursor(wrapper, connection)
+        kept = _kept_cursor(wrapper, connection, statement)
     wrapper.validate_thread_sharing()
     if wrapper.queries_logged:
         return LoggingCursorWrapper(kept, wrapper)
@@ -181,27 +185,35 @@ def cursor(wrapper: BaseDatabaseWrapper, *, prepared: bool = True) -> CursorWrap
     return kept.wrapped
 
 
-#: The attribute of Django's connection that keeps its cursor for the todo statements
-#: (_kept_cursor): the cursor goes with the connection, and is made again on a new psycopg one.
-KEPT_CURSOR = "_switchboard_todos_cursor"
+#: The attribute of Django's connection that keeps its psycopg connection and its cursors for
+#: the todo statements, by statement (_kept_cursor): they go with the psycopg connection, and are
+#: made again on a new one.
+KEPT_CURSOR = "_switchboard_todos_cursors"
 
 
-def _kept_cursor(wrapper: BaseDatabaseWrapper, connection: Connection[Any]) -> PreparingCursor:
-    """The cursor `wrapper` keeps on its psycopg `connection`, made once and handed out again
-    after each close: making a cursor (its adapters, its timestamp loader, Django's checks)
-    cost 20 us of client CPU per statement, a tenth of a `create_todo`'s. While it is in use
-    (a statement run inside another's `with`), a fresh one is made, as before; and again when
-    the connection or USE_TZ has changed since. A connection that threads share (Django's
-    `inc_thread_sharing`) hands out a fresh cursor each time: two threads could take one."""
+def _kept_cursor(
+    wrapper: BaseDatabaseWrapper, connection: Connection[Any], statement: str | None
+) -> PreparingCursor:
+    """The cursor `wrapper` keeps on its psycopg `connection` for `statement`, made once and
+    handed out again after each close: making a cursor (its adapters, its timestamp loader,
+    Django's checks) cost 20 us of client CPU per statement, a tenth of a `create_todo`'s.
+
+    One per statement: psycopg keeps a cursor's loaders (its Transformer) only while the cursor
+    runs the same query again, so one cursor taking turns between a claim and a complete looked
+    up the loader of every column type at each statement, about 25 us of client CPU each
+    (`claim_next` + `complete`: 400 us a todo). While it is in use (a statement run inside
+    another's `with`), a fresh one is made, as before; and again when the connection or USE_TZ
+    has changed since. A connection that threads share (Django's `inc_thread_sharing`) hands
+    out a fresh cursor each time: two threads could take one."""
     naive, shared = wrapper.timezone is None, wrapper.allow_thread_sharing
-    kept: PreparingCursor | None = getattr(wrapper, KEPT_CURSOR, None)
-    if (
-        not shared
-        and kept is not None
-        and not kept.in_use
-        and kept.connection is connection
-        and kept.naive == naive
-    ):
+    held: tuple[Connection[Any], dict[str | None, PreparingCursor]] | None
+    held = getattr(wrapper, KEPT_CURSOR, None)
+    if held is None or held[0] is not connection:  # a new connection: the old cursors go
+        held = (connection, {})
+        setattr(wrapper, KEPT_CURSOR, held)
+    kept_cursors = held[1]
+    kept = kept_cursors.get(statement)
+    if not shared and kept is not None and not kept.in_use and kept.naive == naive:
         kept.in_use = True
         return kept
     fresh = PreparingCursor(connection, naive=naive)
@@ -210,7 +222,7 @@ def _kept_cursor(wrapper: BaseDatabaseWrapper, connection: Connection[Any]) -> P
     _read_timestamps_quickly(wrapper, fresh)
     fresh.in_use = True
     if not shared and (kept is None or not kept.in_use):
-        setattr(wrapper, KEPT_CURSOR, fresh)
+        kept_cursors[statement] = fresh
     return fresh
 
 

@@ -12,6 +12,7 @@ from django.db import NotSupportedError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos import cursors
+from switchboard_todos.claims.marks import marks
 from switchboard_todos.models import Todo
 from switchboard_todos.sql import queries
 from tests.conftest import database_url
@@ -189,6 +190,49 @@ def test_a_connection_keeps_one_cursor_for_the_statements(db: None, settings: An
         [(now,)] = naive.fetchall()
     assert naive.cursor is not first.cursor and now.tzinfo is None
     assert Todo.objects.claim_next("default", "w1", 30).created_at.tzinfo is None  # type: ignore[union-attr]
+
+
+def test_each_statement_has_a_kept_cursor_of_its_own(db: None) -> None:
+    """A cursor per statement name, each handed out again for its name: psycopg keeps a
+    cursor's loaders only while it runs the same query again."""
+    with cursors.cursor(connection, statement="claim_one") as claim:
+        claim.execute("SELECT 1")
+    with cursors.cursor(connection, statement="complete_leaf") as complete:
+        complete.execute("SELECT 2")
+    with cursors.cursor(connection, statement="claim_one") as again:
+        assert again.cursor is claim.cursor
+    with cursors.cursor(connection) as unnamed:
+        assert unnamed.cursor not in (claim.cursor, complete.cursor)
+    assert claim.cursor is not complete.cursor
+
+
+def test_claims_and_completes_in_turn_look_up_no_loader_again(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a claim and a complete have run on a connection, the next ones take their columns'
+    loaders from their cursors: one cursor taking turns between them looked up the loader of
+    each column type at every statement (25 us of client CPU each)."""
+    for _ in range(4):
+        Todo.objects.create_todo(kind="k")
+    marks.forget()  # the next claim scans from the heads (the full claim), the others are lean
+    monkeypatch.setattr("switchboard_todos.claims.marks.FULL_SCAN_EVERY", 3600.0)
+    for _ in range(2):
+        todo = Todo.objects.claim_next("default", "w1", 30)
+        assert todo is not None
+        Todo.objects.complete(todo.id, "w1")
+    looked_up: list[int] = []
+    get_loader = psycopg.adapt.AdaptersMap.get_loader
+
+    def counted(self: psycopg.adapt.AdaptersMap, oid: int, format: Any) -> Any:
+        looked_up.append(oid)
+        return get_loader(self, oid, format)
+
+    monkeypatch.setattr(psycopg.adapt.AdaptersMap, "get_loader", counted)
+    for _ in range(2):
+        todo = Todo.objects.claim_next("default", "w1", 30)
+        assert todo is not None
+        Todo.objects.complete(todo.id, "w1")
+    assert looked_up == []
 
 
 def test_a_connection_threads_share_keeps_no_cursor(db: None) -> None:

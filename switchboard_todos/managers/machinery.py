@@ -48,6 +48,9 @@ M = TypeVar("M", bound="Machinery")
 #: returns nothing for this call.
 RACED_INDEXES = frozenset({"idx_todos_key_claimed", "idx_todos_slot"})
 KEY_RACE_TRIES = 10
+#: The stored statements' texts (sql/): `_run` runs each on a cursor kept for it
+#: (cursors.cursor), which then keeps its columns' loaders from one call to the next.
+_STORED = frozenset(queries.values())
 
 
 def async_twin(
@@ -176,8 +179,11 @@ class Machinery(_TodoManagerBase["Todo"]):
         """
         alias = self._db_alias
         connection = connections[alias]
-        with cursors.cursor(connection, prepared=prepared) as cursor:
-            cursor.execute(queries[name] if statement is None else statement, params)
+        text = queries[name] if statement is None else statement
+        # A cursor per stored statement, and one per name for those composed at each call.
+        kept_for = text if text in _STORED else name
+        with cursors.cursor(connection, prepared=prepared, statement=kept_for) as cursor:
+            cursor.execute(text, params)
             # Read off psycopg's cursor: Django's wrapper wraps each attribute read through it
             # in a new error-translating function, 5 us a statement.
             with connection.wrap_database_errors:
