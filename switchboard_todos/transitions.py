@@ -224,7 +224,11 @@ TRANSITIONS: dict[str, Transition] = {
         Transition("create_graph", frozenset(), method="create_many"),
         Transition("tick_schedule", frozenset()),
         Transition("claim_next", frozenset({State.PENDING, State.CLAIMED})),
+        Transition(
+            "claim_next_few", frozenset({State.PENDING, State.CLAIMED}), method="claim_next"
+        ),
         Transition("claim_ready", frozenset({State.PENDING}), method="claim_next"),
+        Transition("claim_ready_few", frozenset({State.PENDING}), method="claim_next"),
         Transition("claim_one", frozenset({State.PENDING}), method="claim_next"),
         Transition("claim_filtered", frozenset({State.PENDING, State.CLAIMED})),
         Transition(

@@ -20,6 +20,9 @@ from switchboard_todos.models import Agent, Todo
 
 #: The type of conftest's `make_todo` fixture.
 MakeTodo = Callable[..., Todo]
+#: The statements a claim from queues runs (managers/claiming.py picks one by its limit and
+#: whether it may be lean): full, lean, each also for a few todos, and lean for one.
+CLAIM_STATEMENTS = ("claim_next", "claim_next_few", "claim_ready", "claim_ready_few", "claim_one")
 
 
 def entry_size(entry: Any) -> int:

@@ -16,6 +16,7 @@ from switchboard_todos.claims.marks import marks
 from switchboard_todos.models import Todo
 from switchboard_todos.sql import queries
 from tests.conftest import database_url
+from tests.helpers import CLAIM_STATEMENTS
 
 TIMESTAMPS = ("created_at", "updated_at", "claimed_at", "lease_expires_at")
 
@@ -52,7 +53,8 @@ def test_statements_are_prepared_once_per_connection() -> None:
     for _ in range(8):
         Todo.objects.filter(kind="k").count()
     statements = prepared_statements()
-    for name in ("create_todo", "claim_next", "claim_one", "complete_leaf"):
+    # The first claim is a full scan (claims/marks.py), of one todo: claim_next_few.
+    for name in ("create_todo", "claim_next_few", "claim_one", "complete_leaf"):
         assert len(prepared_as(name, statements)) == 1, name
     # Never planned anew: the session plans prepared statements generically (cursors.py).
     assert claim_plans(statements) == (8, 0)
@@ -62,12 +64,8 @@ def test_statements_are_prepared_once_per_connection() -> None:
 
 def claim_plans(statements: dict[str, tuple[int, int]]) -> tuple[int, int]:
     """The generic and custom plans of the claims, full (claim_next) and lean (claim_ready, and
-    claim_one for a claim of one)."""
-    plans = [
-        plans
-        for name in ("claim_next", "claim_ready", "claim_one")
-        for plans in prepared_as(name, statements)
-    ]
+    claim_one for a claim of one), each also for a few todos."""
+    plans = [plans for name in CLAIM_STATEMENTS for plans in prepared_as(name, statements)]
     return sum(generic for generic, _ in plans), sum(custom for _, custom in plans)
 
 
@@ -314,7 +312,7 @@ def test_a_long_statement_is_converted_once(make_todo: Any) -> None:
     """The claim (over psycopg's 4,096-byte cache of converted statements) is converted from
     its named placeholders once, not at every call (the first claim, a full scan, and the
     second, lean, convert theirs)."""
-    assert all(len(queries[name]) > 4096 for name in ("claim_next", "claim_ready", "claim_one"))
+    assert all(len(queries[name]) > 4096 for name in CLAIM_STATEMENTS)
     make_todo()
     for _ in range(2):
         Todo.objects.claim_next("default", "w1", 30)

@@ -36,7 +36,7 @@ from switchboard_todos.sql import queries
 from switchboard_todos.sqs.signing import secret_for
 from tests import test_long_polls_live as live
 from tests.conftest import ROOT
-from tests.helpers import db_now, wait_until
+from tests.helpers import CLAIM_STATEMENTS, db_now, wait_until
 from tests.test_long_polls_live import SERVER, http_poll, mcp_polls, sqs_poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,7 +54,7 @@ APPLICATIONS = {
 QUEUE = "gone"
 #: The claim statements, full and lean, as the server's connections show them, up to their
 #: first parameter.
-CLAIMS = [queries[name].split("%(", 1)[0] for name in ("claim_next", "claim_ready", "claim_one")]
+CLAIMS = [queries[name].split("%(", 1)[0] for name in CLAIM_STATEMENTS]
 #: How long after its creation the message is claimed by the other consumer, at most: the
 #: issue asks for a second and runs measured 5-103 ms, but a loaded machine must not fail the
 #: test; a message stranded by the gone client would wait for its whole lease (30 s), past the
@@ -69,9 +69,9 @@ def claim_begun_since(moment: datetime) -> bool:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND application_name = %s "
-            "AND (starts_with(query, %s) OR starts_with(query, %s) OR starts_with(query, %s)) "
+            "AND EXISTS (SELECT FROM unnest(%s::text[]) AS claim WHERE starts_with(query, claim)) "
             "AND query_start >= %s",
-            [SERVER, *CLAIMS, moment],
+            [SERVER, CLAIMS, moment],
         )
         count: int = cursor.fetchone()[0]
     return count > 0

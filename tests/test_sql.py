@@ -13,6 +13,7 @@ from django.db import connection
 import switchboard_todos
 from switchboard_todos import validation
 from switchboard_todos.claims.marks import FROM_HEAD, MARK_SLACK, Marks
+from switchboard_todos.managers import claiming
 from switchboard_todos.managers.machinery import with_history
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import SOURCE, parse, queries, written
@@ -223,9 +224,10 @@ def backlog(request: pytest.FixtureRequest, db: None, vacuumed: None) -> None:
     """Sixty thousand pending todos over three queues, some waiting for a retry; analyzed.
 
     With mixed priorities, every priority from -100 to 100 is used. Below some 20,000 rows a
-    queue's scan of the priorities without a mark is expected to match fewer rows than its
-    LIMIT, and the planner may read them through a bitmap and sort them: on such small tables,
-    cheaply. The property that matters, that no claim sorts a large backlog, needs a backlog.
+    queue's scan of the priorities without a mark is expected to match fewer rows than its cap
+    of 1000, and the planner may read them through a bitmap and sort them, which a claim of a
+    few todos must not do (test_a_claim_of_a_few_follows_the_index_of_queues_it_has_no_mark_for).
+    The property that matters here, that no claim sorts a large backlog, needs a backlog.
     """
     with connection.cursor() as cursor:
         cursor.execute(
@@ -353,6 +355,52 @@ def test_claim_next_is_an_index_scan_per_queue(
         assert all(node["Plan Rows"] <= FEW_ROWS for node in read), sort
 
 
+@pytest.mark.parametrize(
+    ("name", "limit"), [("claim_one", 1), ("claim_ready_few", 5), ("claim_next_few", 5)]
+)
+def test_a_claim_of_a_few_follows_the_index_of_queues_it_has_no_mark_for(
+    vacuumed: None, db: None, name: str, limit: int
+) -> None:
+    """A claim of a few todos from three queues of a backlog too small for the planner to
+    expect many rows in a queue's unmarked priorities still reads them in the index's order,
+    and sorts none of them: under a cap of 1000, the planner read every todo of the queue in a
+    bitmap scan and sorted them, at each claim (bench/claim_scale.py: 360 claims a second from
+    three queues, 1,450 from one)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO todos (queue, kind, created_at)
+            SELECT (ARRAY['a', 'b', 'c'])[1 + g % 3], 'k', now() - g * interval '1 ms'
+              FROM generate_series(1, 10000) AS g
+            """
+        )
+        cursor.execute("ANALYZE todos")
+    queues = ["a", "b", "c"]
+    params = {
+        "queues": queues,
+        "owner": "w1",
+        "ttl": "30s",
+        "default_ttl": "30s",
+        "limit": limit,
+        "max_held": None,
+        "credential": None,
+        "max_errors_kept": 20,
+        "max_error_history_bytes": 262144,
+        **claim_marks(queues, known=False),
+    }
+    plan = explain_generic(name, params)
+    pending = [
+        node["Node Type"] for node in nodes(plan) if node.get("Index Name") == "idx_todos_pending"
+    ]
+    assert pending and set(pending) == {"Index Scan"}, pending
+    sorts = [node for node in nodes(plan) if node["Node Type"] == "Sort"]
+    assert not [
+        sort
+        for sort in sorts
+        if any(node.get("Index Name") == "idx_todos_pending" for node in inputs(sort))
+    ]
+
+
 def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
     """The generic claim plan's estimate stays put as the backlog doubles.
 
@@ -382,10 +430,30 @@ def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
 
 
 def test_claim_scans_lock_under_the_largest_claim_limit() -> None:
-    """The constant that bounds each scan of the claim is the largest claim_batch limit."""
-    assert set(re.findall(r"LIMIT (\d+)\s+FOR UPDATE", queries["claim_next"])) == {
-        str(validation.CLAIM_BATCH_LIMIT)
+    """The constant that bounds each scan of the claim is the largest claim_batch limit, and
+    in the claims of a few, the largest limit they are run for."""
+    caps = {
+        "claim_next": validation.CLAIM_BATCH_LIMIT,
+        "claim_ready": validation.CLAIM_BATCH_LIMIT,
+        "claim_next_few": claiming.FEW,
+        "claim_ready_few": claiming.FEW,
+        "claim_one": 1,
     }
+    for name, cap in caps.items():
+        assert set(re.findall(r"LIMIT (\d+)\s+FOR UPDATE", queries[name])) == {str(cap)}, name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_past_the_few_cap_takes_its_whole_limit() -> None:
+    """A claim of more than FEW todos runs a statement whose scans may lock that many: the
+    first claim (a full scan, from the head) and the next (lean, from its marks) each take
+    their whole limit, as a claim of FEW does."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO todos (queue, kind) SELECT 'q', 'k' FROM generate_series(1, 600)"
+        )
+    for limit in (claiming.FEW + 1, claiming.FEW + 1, claiming.FEW, claiming.FEW):
+        assert len(Todo.objects.claim_batch("q", "w1", 30, limit)) == limit
 
 
 def test_reap_uses_the_lease_index(backlog: None) -> None:

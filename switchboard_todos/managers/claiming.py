@@ -223,13 +223,19 @@ class Claiming(Machinery):
                         "claim_next",
                         params,
                         extra="ready_turn",
-                        statement=queries["claim_one" if params["limit"] == 1 else "claim_ready"],
+                        statement=queries[_statement("claim_ready", params["limit"])],
                         markers=limited,
                     )
                     lean = not limited
                 if not lean:
                     limited.clear()
-                    rows = self._run("claim_next", params, extra="ready_turn", markers=limited)
+                    rows = self._run(
+                        "claim_next",
+                        params,
+                        extra="ready_turn",
+                        statement=queries[_statement("claim_next", params["limit"])],
+                        markers=limited,
+                    )
                 marks.found(alias, queues, limited=bool(limited))
             except IntegrityError as error:
                 if not self._lost_key_race(error):
@@ -317,6 +323,18 @@ class Claiming(Machinery):
 
 #: The blocking claims of this process share one view of a database fault.
 _BLOCKING_OUTAGE = faults.Outage("blocking claims")
+
+#: The largest limit of the `_few` claims, whose scans lock under this cap (claim_next_few in
+#: sql/claiming.sql says why a cap near the limit keeps a claim in the index's order).
+FEW = 100
+
+
+def _statement(claim: str, limit: int) -> str:
+    """The statement of a claim (claim_next, full, or claim_ready, lean) of at most `limit`
+    todos: the one whose scans lock under the smallest cap that holds the limit."""
+    if limit == 1 and claim == "claim_ready":
+        return "claim_one"
+    return f"{claim}_few" if limit <= FEW else claim
 
 
 class _Blocking:

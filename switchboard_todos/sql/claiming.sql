@@ -174,14 +174,14 @@ UPDATE todo_queues AS settings
 ($settings.rate_limit IS NOT NULL
  AND ($settings.rate_window IS NULL OR $settings.rate_window <= {{rate_window($settings)}}))
 
--- fragment: ready_scan(queue, priorities, mark)
+-- fragment: ready_scan(queue, priorities, mark, cap)
 -- claim_next's scan of the ready todos of `queue` at the `priorities` (a condition on the
 -- column), from the turn `mark` on: in claim order (priority, then turn), each locked as it is
--- read, under the constant limit explained at claim_next. With a fixed priority, the B-tree
--- seeks to the mark. A todo
--- with a concurrency key is taken only if no ready todo with its key comes before it (higher
--- priority, then older, then lower id): so the todos of one key are claimed in order, even
--- while a concurrent claim holds the first one locked (idx_todos_key_order).
+-- read, under the constant limit `cap` explained at claim_next. With a fixed priority, the
+-- B-tree seeks to the mark. A todo with a concurrency key is taken only if no ready todo with
+-- its key comes before it (higher priority, then older, then lower id): so the todos of one
+-- key are claimed in order, even while a concurrent claim holds the first one locked
+-- (idx_todos_key_order).
 SELECT * FROM (
     SELECT id, priority, concurrency_key, fair_at
       FROM todos
@@ -197,7 +197,7 @@ SELECT * FROM (
                    AND (-earlier.priority, earlier.created_at, earlier.id)
                        < (-todos.priority, todos.created_at, todos.id)))
      ORDER BY priority DESC, fair_at
-     LIMIT 1000
+     LIMIT $cap
        FOR UPDATE SKIP LOCKED
 ) AS scan
 
@@ -218,10 +218,11 @@ SELECT *
          WHERE EXISTS (SELECT FROM $limited)) AS taken
  ORDER BY ranked_priority DESC, ranked_at
 
--- fragment: ready_todos(room)
+-- fragment: ready_todos(room, cap)
 -- The body of a claim's "ready" CTE: the ready todos of each queue of %(queues)s, locked, in
--- claim order from its marks (ready_scans), each queue as far as %(limit)s and its room (the
--- statement's `room` CTE: nothing limits a queue without a row there).
+-- claim order from its marks (ready_scans, each under the constant limit `cap`), each queue as
+-- far as %(limit)s and its room (the statement's `room` CTE: nothing limits a queue without a
+-- row there).
 SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
        candidate.fair_at AS claimable_at
   FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
@@ -229,16 +230,17 @@ SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key
        AS wanted (queue, mark, top, bottom)
   LEFT JOIN $room ON $room.queue = wanted.queue
  CROSS JOIN LATERAL (
-        SELECT * FROM ({{ready_scans(wanted)}}) AS locked
+        SELECT * FROM ({{ready_scans(wanted, $cap)}}) AS locked
         LIMIT least((SELECT %(limit)s::int), $room.room)
        ) AS candidate
 
--- fragment: ready_scans(wanted)
+-- fragment: ready_scans(wanted, cap)
 -- The ready todos of the queue of `wanted` (a row of a claim's queues with the mark, top and
 -- bottom of its scans), locked, in claim order from its marks (ready_scan; claim_next says
--- which): the priorities above its top from its mark, each priority of its group marks from
--- its own, then those below its bottom from its mark.
-{{ready_scan($wanted.queue, priority > $wanted.top, $wanted.mark)}}
+-- which), each scan under the constant limit `cap`: the priorities above its top from its
+-- mark, each priority of its group marks from its own, then those below its bottom from its
+-- mark.
+{{ready_scan($wanted.queue, priority > $wanted.top, $wanted.mark, $cap)}}
 UNION ALL
 SELECT known.*
   FROM unnest((SELECT %(group_queues)s::text[]),
@@ -246,11 +248,11 @@ SELECT known.*
               (SELECT %(group_marks)s::timestamptz[]))
        AS grp (queue, priority, mark)
  CROSS JOIN LATERAL (
-        {{ready_scan(grp.queue, priority = grp.priority, grp.mark)}}
+        {{ready_scan(grp.queue, priority = grp.priority, grp.mark, $cap)}}
        ) AS known
  WHERE grp.queue = $wanted.queue
 UNION ALL
-{{ready_scan($wanted.queue, priority < $wanted.bottom, $wanted.mark)}}
+{{ready_scan($wanted.queue, priority < $wanted.bottom, $wanted.mark, $cap)}}
 
 -- fragment: due_retry(queue)
 -- The condition of the claims' scans of due retries (their "due" CTEs), all but the test of
@@ -262,6 +264,69 @@ next_retry_at IS NOT NULL
   AND next_retry_at <= now()
   AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
   AND {{key_free(todos)}}
+
+-- fragment: due_todos(room, cap)
+-- The body of a claim's "due" CTE: the todos of each queue of %(queues)s whose retry fell due
+-- (due_retry), locked, in the order they fell due, under the constant limit `cap`, each queue
+-- as far as %(limit)s and its room (as ready_todos).
+SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
+       greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
+  FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
+  LEFT JOIN $room ON $room.queue = wanted.queue
+ CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT id, priority, concurrency_key, next_retry_at, fair_at
+              FROM todos
+             WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
+             ORDER BY next_retry_at
+             LIMIT $cap
+               FOR UPDATE SKIP LOCKED
+        ) AS locked
+        LIMIT least((SELECT %(limit)s::int), $room.room)
+       ) AS candidate
+
+-- fragment: full_claim(cap)
+-- The statement of claim_next and claim_next_few, each of whose scans locks rows under the
+-- constant limit `cap` (claim_next says why).
+WITH room AS MATERIALIZED ({{room((SELECT %(queues)s::text[])::text[])}}),
+ready AS MATERIALIZED ({{ready_todos(room, $cap)}}),
+due AS MATERIALIZED ({{due_todos(room, $cap)}}),
+expired AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT id, queue, priority, concurrency_key,
+               greatest(fair_at, lease_expires_at) AS claimable_at
+          FROM todos
+         WHERE (SELECT %(full_scan)s::bool) AND state = 'claimed'
+           AND lease_expires_at <= now()
+           AND attempt < max_attempts
+           AND queue = ANY ((SELECT %(queues)s::text[])::text[])
+           AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
+         ORDER BY lease_expires_at
+         LIMIT $cap
+           FOR UPDATE SKIP LOCKED
+    ) AS locked
+    LIMIT (SELECT %(limit)s::int)
+),
+first_per_key AS MATERIALIZED ({{first_per_key(ready, due, expired)}}),
+picked AS MATERIALIZED ({{picked(first_per_key, room)}}),
+free_slot AS MATERIALIZED ({{free_slot(room, (SELECT %(limit)s::int))}}),
+slot AS MATERIALIZED (
+    SELECT picked.id, free_slot.step, free_slot.slot
+      FROM picked
+      JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
+),
+taken_over AS MATERIALIZED ({{taken_over(SELECT id FROM picked WHERE id IN (SELECT id FROM expired))}}),
+entry AS MATERIALIZED ({{error_entries(taken_over, owner, {{lease_expired}})}}),
+trimmed AS ({{trimmed(entry)}}),
+noted AS ({{noted(entry)}}),
+claimed AS (
+    UPDATE todos
+       {{set_claimed(slot, entry, trimmed)}}
+     WHERE id = ANY (ARRAY(SELECT id FROM picked)) AND {{credential_holds}}
+    RETURNING todos.*
+),
+counted AS ({{counted(claimed, slot, room)}})
+{{claimed_in_order(claimed, picked, ready, room)}}
 
 -- name: claim_next
 -- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
@@ -287,76 +352,28 @@ next_retry_at IS NOT NULL
 -- at each call, which costs more than running it. So the planner must not see the queues,
 -- the marks, the owner, the limit or whether it is a full scan, all read through
 -- "(SELECT ...)": every call then gets the same plan, and the generic one wins. Each scan
--- locks rows under a constant "LIMIT 1000" (the largest claim_batch
--- limit) and yields them to the real limit above it, which stops pulling, hence locking, at
--- %(limit)s rows: the constant keeps the plan's estimated cost small however large the
--- backlog, which keeps PostgreSQL from JIT-compiling the plan at every call. And
--- "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner expects.
-WITH room AS MATERIALIZED ({{room((SELECT %(queues)s::text[])::text[])}}),
-ready AS MATERIALIZED ({{ready_todos(room)}}),
-due AS MATERIALIZED (
-    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
-           greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
-      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
-      LEFT JOIN room ON room.queue = wanted.queue
-     CROSS JOIN LATERAL (
-            SELECT * FROM (
-                SELECT id, priority, concurrency_key, next_retry_at, fair_at
-                  FROM todos
-                 WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
-                 ORDER BY next_retry_at
-                 LIMIT 1000
-                   FOR UPDATE SKIP LOCKED
-            ) AS locked
-            LIMIT least((SELECT %(limit)s::int), room.room)
-           ) AS candidate
-),
-expired AS MATERIALIZED (
-    SELECT * FROM (
-        SELECT id, queue, priority, concurrency_key,
-               greatest(fair_at, lease_expires_at) AS claimable_at
-          FROM todos
-         WHERE (SELECT %(full_scan)s::bool) AND state = 'claimed'
-           AND lease_expires_at <= now()
-           AND attempt < max_attempts
-           AND queue = ANY ((SELECT %(queues)s::text[])::text[])
-           AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
-         ORDER BY lease_expires_at
-         LIMIT 1000
-           FOR UPDATE SKIP LOCKED
-    ) AS locked
-    LIMIT (SELECT %(limit)s::int)
-),
-first_per_key AS MATERIALIZED ({{first_per_key(ready, due, expired)}}),
-picked AS MATERIALIZED ({{picked(first_per_key, room)}}),
-free_slot AS MATERIALIZED ({{free_slot(room, (SELECT %(limit)s::int))}}),
-slot AS MATERIALIZED (
-    SELECT picked.id, free_slot.step, free_slot.slot
-      FROM picked
-      JOIN free_slot ON free_slot.queue = picked.queue AND free_slot.nth = picked.in_queue
-),
-taken_over AS MATERIALIZED ({{taken_over(SELECT id FROM picked WHERE id IN (SELECT id FROM expired))}}),
-entry AS MATERIALIZED ({{error_entries(taken_over, owner, {{lease_expired}})}}),
-trimmed AS ({{trimmed(entry)}}),
-noted AS ({{noted(entry)}}),
-claimed AS (
-    UPDATE todos
-       {{set_claimed(slot, entry, trimmed)}}
-     WHERE id = ANY (ARRAY(SELECT id FROM picked)) AND {{credential_holds}}
-    RETURNING todos.*
-),
-counted AS ({{counted(claimed, slot, room)}})
-{{claimed_in_order(claimed, picked, ready, room)}};
+-- locks rows under a constant limit, its cap: 1000 here (the largest claim_batch limit), 100
+-- in claim_next_few, 1 in claim_one; it yields them to the real limit above it, which stops
+-- pulling, hence locking, at %(limit)s rows. The constant keeps the plan's estimated cost
+-- small however large the backlog, which keeps PostgreSQL from JIT-compiling the plan at every
+-- call. And "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner
+-- expects.
+{{full_claim(1000)}};
 
--- name: claim_ready
--- claim_next, lean, for the common case: queues that no todo_queues row pauses or limits, and
--- a claim that does not look for expired leases (not a full scan). The same ready and due
--- scans, the same concurrency keys, turns and %(max_held)s, without what only limits and
--- taken-over leases need (room's lock, slots, the rate count, the failure history), which
--- cost the claim of one todo most of its time in the executor. Whether a queue is paused or
--- limited is read in the statement ("limited", unlocked, as the snapshot has it: a pause that
--- commits while this runs comes after it): if one is, it claims nothing, and says so
--- (claimed_in_order), and the manager claims with claim_next.
+-- name: claim_next_few
+-- claim_next of at most 100 todos, whose scans lock under a cap of 100. A queue that this
+-- process has no mark for is scanned over a range of priorities from the head of its index,
+-- and the generic plan expects a ninth of the queue's todos there (an unknown bound on the
+-- priority and one on the turn, a third each). While that is below the cap, the planner reads
+-- them all in a bitmap scan and sorts them, which it judges cheaper than the index's order:
+-- the whole backlog of a queue of up to some 9,000 todos, at each claim, for a worker that
+-- serves several queues (bench/claim_scale.py: 360 claims a second from three queues against
+-- 1,450 from one). Under a cap it can be sure to stop at, it follows the index.
+{{full_claim(100)}};
+
+-- fragment: lean_claim(cap)
+-- The statement of claim_ready and claim_ready_few, each of whose scans locks rows under the
+-- constant limit `cap` (claim_next says why).
 WITH limited AS MATERIALIZED (
     SELECT settings.name
       FROM todo_queues AS settings
@@ -369,24 +386,8 @@ room AS MATERIALIZED (
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      WHERE EXISTS (SELECT FROM limited)
 ),
-ready AS MATERIALIZED ({{ready_todos(room)}}),
-due AS MATERIALIZED (
-    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
-           greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
-      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
-      LEFT JOIN room ON room.queue = wanted.queue
-     CROSS JOIN LATERAL (
-            SELECT * FROM (
-                SELECT id, priority, concurrency_key, next_retry_at, fair_at
-                  FROM todos
-                 WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
-                 ORDER BY next_retry_at
-                 LIMIT 1000
-                   FOR UPDATE SKIP LOCKED
-            ) AS locked
-            LIMIT least((SELECT %(limit)s::int), room.room)
-           ) AS candidate
-),
+ready AS MATERIALIZED ({{ready_todos(room, $cap)}}),
+due AS MATERIALIZED ({{due_todos(room, $cap)}}),
 expired AS (SELECT * FROM ready WHERE false),
 first_per_key AS MATERIALIZED ({{first_per_key(ready, due, expired)}}),
 picked AS MATERIALIZED ({{picked(first_per_key, room)}}),
@@ -396,17 +397,34 @@ claimed AS (
      WHERE id = ANY (ARRAY(SELECT id FROM picked)) AND {{credential_holds}}
     RETURNING todos.*
 )
-{{claimed_in_order(claimed, picked, ready, limited)}};
+{{claimed_in_order(claimed, picked, ready, limited)}}
+
+-- name: claim_ready
+-- claim_next, lean, for the common case: queues that no todo_queues row pauses or limits, and
+-- a claim that does not look for expired leases (not a full scan). The same ready and due
+-- scans, the same concurrency keys, turns and %(max_held)s, without what only limits and
+-- taken-over leases need (room's lock, slots, the rate count, the failure history), which
+-- cost the claim of one todo most of its time in the executor. Whether a queue is paused or
+-- limited is read in the statement ("limited", unlocked, as the snapshot has it: a pause that
+-- commits while this runs comes after it): if one is, it claims nothing, and says so
+-- (claimed_in_order), and the manager claims with claim_next.
+{{lean_claim(1000)}};
+
+-- name: claim_ready_few
+-- claim_next, lean, of at most 100 todos: claim_ready, whose scans lock under a cap of 100
+-- (claim_next_few says why).
+{{lean_claim(100)}};
 
 -- name: claim_one
 -- claim_next, lean, of one todo: claim_ready for a limit of 1, with the same scans, guards and
 -- answer, in a plan of half as many nodes (a single claim's time in the database went more to
--- starting its plan's nodes than to running them). Of one candidate per queue from its ready scans and one from its
--- due scan, the first by priority, then claimable time, is taken: being first of all, it is
--- first of its concurrency key, which spares the numbering of candidates per key
--- (first_per_key), and the numbering per queue goes with the room, which a queue that nothing
--- limits does not have (picked). When a queue is paused or limited ("limited", read as
--- claim_ready reads it) no queue is scanned: it claims nothing, and says so.
+-- starting its plan's nodes than to running them). Of one candidate per queue from its ready
+-- scans and one from its due scan, the first by priority, then claimable time, is taken: being
+-- first of all, it is first of its concurrency key, which spares the numbering of candidates
+-- per key (first_per_key), and the numbering per queue goes with the room, which a queue that
+-- nothing limits does not have (picked). When a queue is paused or limited ("limited", read as
+-- claim_ready reads it) no queue is scanned: it claims nothing, and says so. Its scans lock
+-- under a cap of 1: the one row it may take (claim_next_few says why a small cap matters).
 WITH limited AS MATERIALIZED (
     SELECT settings.name
       FROM todo_queues AS settings
@@ -419,21 +437,18 @@ candidate AS MATERIALIZED (
       FROM unnest((SELECT %(queues)s::text[]), (SELECT %(marks)s::timestamptz[]),
                   (SELECT %(tops)s::int[]), (SELECT %(bottoms)s::int[]))
            AS wanted (queue, mark, top, bottom)
-     CROSS JOIN LATERAL (SELECT * FROM ({{ready_scans(wanted)}}) AS locked LIMIT 1) AS ready
+     CROSS JOIN LATERAL (SELECT * FROM ({{ready_scans(wanted, 1)}}) AS locked LIMIT 1) AS ready
      WHERE NOT EXISTS (SELECT FROM limited)
     UNION ALL
     SELECT due.id, due.priority, greatest(due.fair_at, due.next_retry_at), false
       FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
      CROSS JOIN LATERAL (
-            SELECT * FROM (
-                SELECT id, priority, next_retry_at, fair_at
-                  FROM todos
-                 WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
-                 ORDER BY next_retry_at
-                 LIMIT 1000
-                   FOR UPDATE SKIP LOCKED
-            ) AS locked
-            LIMIT 1
+            SELECT id, priority, next_retry_at, fair_at
+              FROM todos
+             WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
+             ORDER BY next_retry_at
+             LIMIT 1
+               FOR UPDATE SKIP LOCKED
            ) AS due
      WHERE NOT EXISTS (SELECT FROM limited)
 ),
