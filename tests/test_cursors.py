@@ -29,8 +29,9 @@ def prepared_statements() -> dict[str, tuple[int, int]]:
 
 
 def prepared_as(name: str, statements: dict[str, tuple[int, int]]) -> list[tuple[int, int]]:
-    """The entries of `statements` that are statement `name` (its placeholders numbered)."""
-    contract = re.sub(r"%\(\w+\)s", "?", queries[name].splitlines()[0])
+    """The entries of `statements` that are statement `name` (its placeholders numbered): its
+    whole text, which twins (claim_next, claim_next_few) share but for a constant."""
+    contract = re.sub(r"%\(\w+\)s", "?", queries[name])
     return [
         plans
         for text, plans in statements.items()

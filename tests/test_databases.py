@@ -37,13 +37,14 @@ from switchboard_todos.compat import task_backends
 from switchboard_todos.exceptions import InvalidTodo, TodoNotFound
 from switchboard_todos.models import Event, Queue, Schedule, State, Todo
 from switchboard_todos.shutdown import Shutdown
+from switchboard_todos.sql import queries
 from switchboard_todos.sqs.signing import secret_for
 from switchboard_todos.upkeep.reaper import Reaper
 from switchboard_todos.worker import Worker
 from tests import tasks, worker_handlers  # noqa: F401 (worker_handlers registers handlers)
 from tests.asgi import serve
 from tests.conftest import database_url
-from tests.helpers import wait_until
+from tests.helpers import CLAIM_STATEMENTS, wait_until
 from tests.test_metrics import samples, scrape
 
 PLACED = {"eu-*": "eu"}
@@ -178,7 +179,8 @@ def test_a_pinned_manager_prepares_its_statements_on_its_database() -> None:
     with connections["eu"].cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         on_eu = [text for (text,) in cursor.fetchall()]
-    assert len(on_eu) >= 3 and any("Claim" in text for text in on_eu)
+    claims = {queries[name].split("\n", 1)[0] for name in CLAIM_STATEMENTS}
+    assert len(on_eu) >= 3 and any(text.split("\n", 1)[0] in claims for text in on_eu)
     with connections["default"].cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements")
         assert cursor.fetchone() == (0,)

@@ -71,6 +71,26 @@ SELECT jsonb_build_object(
     }
 
 
+def test_one_block_may_be_the_statement_of_twins() -> None:
+    """`-- name: x(a=1), y(a=2)` is two statements, each with its constants in place of `$a`,
+    its fragments composed from those; a constant the text never uses is an error."""
+    text = """
+-- fragment: capped(cap)
+LIMIT $cap
+-- name: x(cap=1000), x_few(cap=100)
+-- The contract line, under $cap.
+SELECT 1 {{capped($cap)}};
+"""
+    assert parse(text) == {
+        "x": "-- The contract line, under 1000.\nSELECT 1 LIMIT 1000",
+        "x_few": "-- The contract line, under 100.\nSELECT 1 LIMIT 100",
+    }
+    with pytest.raises(ValueError, match="'y': 'other=1' is not a value its text uses"):
+        parse("-- name: y(other=1)\nSELECT 1;\n")
+    with pytest.raises(ValueError, match="'x' is defined twice"):
+        parse("-- name: x(a=1), x(a=2)\nSELECT $a;\n")
+
+
 @pytest.mark.parametrize(
     ("statement", "error"),
     [

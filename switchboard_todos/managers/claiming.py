@@ -324,7 +324,7 @@ class Claiming(Machinery):
 #: The blocking claims of this process share one view of a database fault.
 _BLOCKING_OUTAGE = faults.Outage("blocking claims")
 
-#: The largest limit of the `_few` claims, whose scans lock under this cap (claim_next_few in
+#: The largest limit of the `_few` claims, whose scans lock under this cap (claim_next in
 #: sql/claiming.sql says why a cap near the limit keeps a claim in the index's order).
 FEW = 100
 

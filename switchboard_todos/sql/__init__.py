@@ -1,13 +1,15 @@
 """The named SQL statements of the `*.sql` files beside this module, composed once at import.
 
 A block starts at `-- name: x` (a statement) or `-- fragment: x` / `-- fragment: x(a, b)` (a
-piece that statements share) and runs to the next such line. A statement writes
-`{{x}}` or `{{x(value, value)}}` where the fragment goes; in the fragment, `$a` stands for the
-value given for `a`. A fragment's leading comment lines document it and are not copied, and
-the lines after its first are indented as the line it goes into, so a statement composed from
-fragments reads, in logs and in pg_stat_statements, as if written out in full. The files share
-one namespace: a fragment of any file serves the statements of every file, and a name defined
-twice, in one file or in two, is an error.
+piece that statements share) and runs to the next such line. A statement writes `{{x}}` or
+`{{x(value, value)}}` where the fragment goes; in the fragment, `$a` stands for the value given
+for `a`. One block may be the statement of several names that differ only in a constant:
+`-- name: x(a=1), y(a=2)`, where `$a` in its text stands for each name's value. A fragment's
+leading comment lines document it and are not copied, and the lines after its first are
+indented as the line it goes into, so a statement composed from fragments reads, in logs and
+in pg_stat_statements, as if written out in full. The files share one namespace: a fragment of
+any file serves the statements of every file, and a name defined twice, in one file or in two,
+is an error.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ import re
 from importlib.resources import files
 from typing import NamedTuple
 
-_BLOCK = re.compile(r"^-- (name|fragment): (\w+)(?:\(([\w, ]*)\))?\s*$", re.MULTILINE)
+#: The line a block starts at: its kind, and its name with its parameters (a fragment's names;
+#: a statement's values) or, for a statement, several such names, separated by ", ".
+_BLOCK = re.compile(
+    r"^-- (name|fragment): (\w+(?:\([\w, =]*\))?(?:, \w+(?:\([\w, =]*\))?)*)\s*$", re.MULTILINE
+)
+_NAMED = re.compile(r"(\w+)(?:\(([\w, =]*)\))?")
 _REFERENCE = re.compile(r"(\w+)(?:\((.*)\))?", re.DOTALL)
 #: More nested fragments than this means one includes itself.
 _MAX_EXPANSIONS = 1000
@@ -36,20 +43,34 @@ def written(text: str) -> tuple[dict[str, str], dict[str, Fragment]]:
     parts = _BLOCK.split(text)
     statements: dict[str, str] = {}
     fragments: dict[str, Fragment] = {}
-    for kind, name, params, body in zip(*(parts[start::4] for start in (1, 2, 3, 4)), strict=True):
-        if name in statements or name in fragments:
-            raise ValueError(f"SQL statement {name!r} is defined twice.")
+    for kind, header, body in zip(*(parts[start::3] for start in (1, 2, 3)), strict=True):
+        named = _NAMED.findall(header)
+        if kind == "fragment" and len(named) > 1:
+            raise ValueError(f"SQL fragment block {header!r} names more than one fragment.")
         lines = body.strip().splitlines()
         while lines and (not lines[-1].strip() or lines[-1].startswith("--")):
             lines.pop()
-        if kind == "name":
-            statements[name] = "\n".join(lines).rstrip(";")
-        else:
-            while lines and lines[0].startswith("--"):
-                lines.pop(0)
-            names = tuple(param.strip() for param in (params or "").split(",") if param.strip())
-            fragments[name] = Fragment(names, "\n".join(lines))
+        for name, params in named:
+            if name in statements or name in fragments:
+                raise ValueError(f"SQL statement {name!r} is defined twice.")
+            given = [param.strip() for param in params.split(",") if param.strip()]
+            if kind == "name":
+                statements[name] = _bound(name, "\n".join(lines).rstrip(";"), given)
+            else:
+                while lines and lines[0].startswith("--"):
+                    lines.pop(0)
+                fragments[name] = Fragment(tuple(given), "\n".join(lines))
     return statements, fragments
+
+
+def _bound(name: str, text: str, values: list[str]) -> str:
+    """The text of statement `name` with each `$a` of its values (`a=1`) replaced by its value."""
+    for value in values:
+        param, equals, constant = value.partition("=")
+        if not equals or not re.search(rf"\${param}\b", text):
+            raise ValueError(f"SQL statement {name!r}: {value!r} is not a value its text uses.")
+        text = re.sub(rf"\${param}\b", constant, text)
+    return text
 
 
 def parse(text: str, fragments: dict[str, Fragment] | None = None) -> dict[str, str]:

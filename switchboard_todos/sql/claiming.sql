@@ -265,32 +265,63 @@ next_retry_at IS NOT NULL
   AND (assignee IS NULL OR assignee = (SELECT %(owner)s::text))
   AND {{key_free(todos)}}
 
--- fragment: due_todos(room, cap)
--- The body of a claim's "due" CTE: the todos of each queue of %(queues)s whose retry fell due
--- (due_retry), locked, in the order they fell due, under the constant limit `cap`, each queue
--- as far as %(limit)s and its room (as ready_todos).
-SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
-       greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
-  FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
-  LEFT JOIN $room ON $room.queue = wanted.queue
- CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT id, priority, concurrency_key, next_retry_at, fair_at
-              FROM todos
-             WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
-             ORDER BY next_retry_at
-             LIMIT $cap
-               FOR UPDATE SKIP LOCKED
-        ) AS locked
-        LIMIT least((SELECT %(limit)s::int), $room.room)
-       ) AS candidate
-
--- fragment: full_claim(cap)
--- The statement of claim_next and claim_next_few, each of whose scans locks rows under the
--- constant limit `cap` (claim_next says why).
+-- name: claim_next(cap=1000), claim_next_few(cap=100)
+-- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
+-- priority first, then the earliest turn (fair_at: a todo's creation time without a fair key;
+-- with one, its key's turn, so that the keys take turns, fair_turn in shared.sql). Each queue
+-- is its own index scan (in priority, then turn order) that stops at the first unlocked rows,
+-- so the cost does not grow with the backlog, nor with the number of keys; a plain
+-- "queue = ANY(...) ORDER BY" would sort the whole backlog. Retries that fell due and expired
+-- leases come from their own scans, in the order they became claimable, up to %(limit)s each,
+-- and rank at their turn or when they became claimable, whichever is later; all candidates are
+-- then ranked by priority and that time. The answer's ready_turn is the turn of each todo
+-- taken from the ready scans (NULL for the others), from which the marks move. A todo
+-- whose concurrency key another claimed todo holds is passed over, and of candidates sharing a
+-- key only the first is taken, so one key is never claimed twice. The scan of a queue's ready
+-- todos starts at low-water marks of turns (claims/marks.py): each priority this process has
+-- claimed from, %(group_priorities)s of %(group_queues)s, from its own mark, %(group_marks)s; the priorities
+-- above %(tops)s and below %(bottoms)s from the queue's mark, %(marks)s (year 1: from the head
+-- of the index); in priority order, and only as far as the limit needs. Expired leases are
+-- looked for only when %(full_scan)s. A paused queue is not scanned at all, and a limited
+-- one only as far as its room (the "room" CTE: the pause, rate and concurrency limits of the
+-- queues' todo_queues rows, read and enforced in this statement).
+-- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
+-- at each call, which costs more than running it. So the planner must not see the queues,
+-- the marks, the owner, the limit or whether it is a full scan, all read through
+-- "(SELECT ...)": every call then gets the same plan, and the generic one wins. Each scan
+-- locks rows under a constant limit, its cap ($cap), and yields them to the real limit above
+-- it, which stops pulling, hence locking, at %(limit)s rows. The constant keeps the plan's
+-- estimated cost small however large the backlog, which keeps PostgreSQL from JIT-compiling
+-- the plan at every call. And "= ANY (ARRAY(...))" keeps the update on the primary key
+-- whatever the planner expects.
+-- The cap is 1000 in claim_next (the largest claim_batch limit), 100 in claim_next_few (run
+-- for limits up to 100) and 1 in claim_one. A queue that this process has no mark for is
+-- scanned over a range of priorities from the head of its index, and the generic plan expects
+-- a ninth of the queue's todos there (an unknown bound on the priority and one on the turn, a
+-- third each). While that is below the cap, the planner reads them all in a bitmap scan and
+-- sorts them, which it judges cheaper than the index's order: under a cap of 1000, the whole
+-- backlog of a queue of up to some 9,000 todos, at each claim, for a worker that serves
+-- several queues (bench/claim_scale.py: 360 claims a second from three queues against 1,450
+-- from one). Under a cap near the limit, which it can be sure to stop at, it follows the index.
 WITH room AS MATERIALIZED ({{room((SELECT %(queues)s::text[])::text[])}}),
 ready AS MATERIALIZED ({{ready_todos(room, $cap)}}),
-due AS MATERIALIZED ({{due_todos(room, $cap)}}),
+due AS MATERIALIZED (
+    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
+           greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
+      LEFT JOIN room ON room.queue = wanted.queue
+     CROSS JOIN LATERAL (
+            SELECT * FROM (
+                SELECT id, priority, concurrency_key, next_retry_at, fair_at
+                  FROM todos
+                 WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
+                 ORDER BY next_retry_at
+                 LIMIT $cap
+                   FOR UPDATE SKIP LOCKED
+            ) AS locked
+            LIMIT least((SELECT %(limit)s::int), room.room)
+           ) AS candidate
+),
 expired AS MATERIALIZED (
     SELECT * FROM (
         SELECT id, queue, priority, concurrency_key,
@@ -326,54 +357,18 @@ claimed AS (
     RETURNING todos.*
 ),
 counted AS ({{counted(claimed, slot, room)}})
-{{claimed_in_order(claimed, picked, ready, room)}}
+{{claimed_in_order(claimed, picked, ready, room)}};
 
--- name: claim_next
--- Claim up to %(limit)s of the claimable todos in %(queues)s for %(owner)s: the highest
--- priority first, then the earliest turn (fair_at: a todo's creation time without a fair key;
--- with one, its key's turn, so that the keys take turns, fair_turn in shared.sql). Each queue
--- is its own index scan (in priority, then turn order) that stops at the first unlocked rows,
--- so the cost does not grow with the backlog, nor with the number of keys; a plain
--- "queue = ANY(...) ORDER BY" would sort the whole backlog. Retries that fell due and expired
--- leases come from their own scans, in the order they became claimable, up to %(limit)s each,
--- and rank at their turn or when they became claimable, whichever is later; all candidates are
--- then ranked by priority and that time. The answer's ready_turn is the turn of each todo
--- taken from the ready scans (NULL for the others), from which the marks move. A todo
--- whose concurrency key another claimed todo holds is passed over, and of candidates sharing a
--- key only the first is taken, so one key is never claimed twice. The scan of a queue's ready
--- todos starts at low-water marks of turns (claims/marks.py): each priority this process has
--- claimed from, %(group_priorities)s of %(group_queues)s, from its own mark, %(group_marks)s; the priorities
--- above %(tops)s and below %(bottoms)s from the queue's mark, %(marks)s (year 1: from the head
--- of the index); in priority order, and only as far as the limit needs. Expired leases are
--- looked for only when %(full_scan)s. A paused queue is not scanned at all, and a limited
--- one only as far as its room (the "room" CTE: the pause, rate and concurrency limits of the
--- queues' todo_queues rows, read and enforced in this statement).
--- Written for a prepared claim to keep one generic plan (cursors.py), not to be planned anew
--- at each call, which costs more than running it. So the planner must not see the queues,
--- the marks, the owner, the limit or whether it is a full scan, all read through
--- "(SELECT ...)": every call then gets the same plan, and the generic one wins. Each scan
--- locks rows under a constant limit, its cap: 1000 here (the largest claim_batch limit), 100
--- in claim_next_few, 1 in claim_one; it yields them to the real limit above it, which stops
--- pulling, hence locking, at %(limit)s rows. The constant keeps the plan's estimated cost
--- small however large the backlog, which keeps PostgreSQL from JIT-compiling the plan at every
--- call. And "= ANY (ARRAY(...))" keeps the update on the primary key whatever the planner
--- expects.
-{{full_claim(1000)}};
-
--- name: claim_next_few
--- claim_next of at most 100 todos, whose scans lock under a cap of 100. A queue that this
--- process has no mark for is scanned over a range of priorities from the head of its index,
--- and the generic plan expects a ninth of the queue's todos there (an unknown bound on the
--- priority and one on the turn, a third each). While that is below the cap, the planner reads
--- them all in a bitmap scan and sorts them, which it judges cheaper than the index's order:
--- the whole backlog of a queue of up to some 9,000 todos, at each claim, for a worker that
--- serves several queues (bench/claim_scale.py: 360 claims a second from three queues against
--- 1,450 from one). Under a cap it can be sure to stop at, it follows the index.
-{{full_claim(100)}};
-
--- fragment: lean_claim(cap)
--- The statement of claim_ready and claim_ready_few, each of whose scans locks rows under the
--- constant limit `cap` (claim_next says why).
+-- name: claim_ready(cap=1000), claim_ready_few(cap=100)
+-- claim_next, lean, for the common case: queues that no todo_queues row pauses or limits, and
+-- a claim that does not look for expired leases (not a full scan). The same ready and due
+-- scans, the same concurrency keys, turns and %(max_held)s, without what only limits and
+-- taken-over leases need (room's lock, slots, the rate count, the failure history), which
+-- cost the claim of one todo most of its time in the executor. Whether a queue is paused or
+-- limited is read in the statement ("limited", unlocked, as the snapshot has it: a pause that
+-- commits while this runs comes after it): if one is, it claims nothing, and says so
+-- (claimed_in_order), and the manager claims with claim_next. Its scans lock under $cap, as
+-- claim_next's: 1000 in claim_ready, 100 in claim_ready_few.
 WITH limited AS MATERIALIZED (
     SELECT settings.name
       FROM todo_queues AS settings
@@ -387,7 +382,23 @@ room AS MATERIALIZED (
      WHERE EXISTS (SELECT FROM limited)
 ),
 ready AS MATERIALIZED ({{ready_todos(room, $cap)}}),
-due AS MATERIALIZED ({{due_todos(room, $cap)}}),
+due AS MATERIALIZED (
+    SELECT candidate.id, wanted.queue, candidate.priority, candidate.concurrency_key,
+           greatest(candidate.fair_at, candidate.next_retry_at) AS claimable_at
+      FROM unnest((SELECT %(queues)s::text[])) AS wanted (queue)
+      LEFT JOIN room ON room.queue = wanted.queue
+     CROSS JOIN LATERAL (
+            SELECT * FROM (
+                SELECT id, priority, concurrency_key, next_retry_at, fair_at
+                  FROM todos
+                 WHERE state = 'pending' AND {{due_retry(wanted.queue)}}
+                 ORDER BY next_retry_at
+                 LIMIT $cap
+                   FOR UPDATE SKIP LOCKED
+            ) AS locked
+            LIMIT least((SELECT %(limit)s::int), room.room)
+           ) AS candidate
+),
 expired AS (SELECT * FROM ready WHERE false),
 first_per_key AS MATERIALIZED ({{first_per_key(ready, due, expired)}}),
 picked AS MATERIALIZED ({{picked(first_per_key, room)}}),
@@ -397,23 +408,7 @@ claimed AS (
      WHERE id = ANY (ARRAY(SELECT id FROM picked)) AND {{credential_holds}}
     RETURNING todos.*
 )
-{{claimed_in_order(claimed, picked, ready, limited)}}
-
--- name: claim_ready
--- claim_next, lean, for the common case: queues that no todo_queues row pauses or limits, and
--- a claim that does not look for expired leases (not a full scan). The same ready and due
--- scans, the same concurrency keys, turns and %(max_held)s, without what only limits and
--- taken-over leases need (room's lock, slots, the rate count, the failure history), which
--- cost the claim of one todo most of its time in the executor. Whether a queue is paused or
--- limited is read in the statement ("limited", unlocked, as the snapshot has it: a pause that
--- commits while this runs comes after it): if one is, it claims nothing, and says so
--- (claimed_in_order), and the manager claims with claim_next.
-{{lean_claim(1000)}};
-
--- name: claim_ready_few
--- claim_next, lean, of at most 100 todos: claim_ready, whose scans lock under a cap of 100
--- (claim_next_few says why).
-{{lean_claim(100)}};
+{{claimed_in_order(claimed, picked, ready, limited)}};
 
 -- name: claim_one
 -- claim_next, lean, of one todo: claim_ready for a limit of 1, with the same scans, guards and
@@ -424,7 +419,7 @@ claimed AS (
 -- per key (first_per_key), and the numbering per queue goes with the room, which a queue that
 -- nothing limits does not have (picked). When a queue is paused or limited ("limited", read as
 -- claim_ready reads it) no queue is scanned: it claims nothing, and says so. Its scans lock
--- under a cap of 1: the one row it may take (claim_next_few says why a small cap matters).
+-- under a cap of 1: the one row it may take (claim_next says why a small cap matters).
 WITH limited AS MATERIALIZED (
     SELECT settings.name
       FROM todo_queues AS settings

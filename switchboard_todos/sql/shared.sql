@@ -8,6 +8,8 @@
 -- decides a lease. A statement that returns no row missed its guard, and the manager
 -- classifies the miss (TodoNotFound or TodoConflict). Each statement that writes todos has its
 -- row in transitions.py, whose from-states are the states its guard tests (a test holds them).
+-- Twins that differ only in a constant are one block, "-- name: x(cap=1000), x_few(cap=100)",
+-- where $cap in the text stands for each one's value (claim_next, claim_next_few).
 --
 -- When a todo becomes claimable: a pending todo with no next_retry_at at created_at, one with
 -- a next_retry_at at that time, and a claimed todo whose lease expired at lease_expires_at.
