@@ -89,6 +89,8 @@ SELECT 1 {{capped($cap)}};
         parse("-- name: y(other=1)\nSELECT 1;\n")
     with pytest.raises(ValueError, match="'x' is defined twice"):
         parse("-- name: x(a=1), x(a=2)\nSELECT $a;\n")
+    with pytest.raises(ValueError, match="one name, and its parameters' names"):
+        parse("-- fragment: f(a=1)\n$a\n-- name: x\nSELECT {{f(1)}};\n")
 
 
 @pytest.mark.parametrize(

@@ -45,8 +45,8 @@ def written(text: str) -> tuple[dict[str, str], dict[str, Fragment]]:
     fragments: dict[str, Fragment] = {}
     for kind, header, body in zip(*(parts[start::3] for start in (1, 2, 3)), strict=True):
         named = _NAMED.findall(header)
-        if kind == "fragment" and len(named) > 1:
-            raise ValueError(f"SQL fragment block {header!r} names more than one fragment.")
+        if kind == "fragment" and (len(named) > 1 or "=" in header):
+            raise ValueError(f"SQL fragment {header!r}: one name, and its parameters' names.")
         lines = body.strip().splitlines()
         while lines and (not lines[-1].strip() or lines[-1].startswith("--")):
             lines.pop()
