@@ -87,8 +87,13 @@ SELECT id, queue, priority, claimable_at, in_queue
 -- moves it), and goes round: the claims of a limited queue run one at a time (room), but each
 -- reads the claimed todos in the snapshot it began with, blind to the slots the claim it
 -- waited for took; from slot 1 on, it picked those again, hit idx_todos_slot, and ran again
--- (managers/claiming.py), as two claims racing for a concurrency key do. `step` counts from 0 round
--- the ring of slots, from where the queue's cursor was.
+-- (managers/claiming.py), as two claims racing for a concurrency key do. `step` counts from 0
+-- round the ring of slots, from where the queue's cursor was. Each slot is one probe of
+-- idx_todos_slot: the "OFFSET 0" keeps the NOT EXISTS a subplan run per slot, which the
+-- planner would otherwise make an anti-join, and on statistics gathered while the queue held
+-- nothing, one that read every claimed todo of the queue once per slot tried (3,600 held and a
+-- claim of 400: 1.4 million rows, 122 ms, in the section the queue's claims take one at a
+-- time).
 SELECT $room.queue, free.step, free.slot, row_number() OVER (PARTITION BY $room.queue) AS nth
   FROM $room
  CROSS JOIN LATERAL (
@@ -100,7 +105,8 @@ SELECT $room.queue, free.step, free.slot, row_number() OVER (PARTITION BY $room.
          WHERE NOT EXISTS (
                 SELECT FROM todos AS holder
                  WHERE holder.queue = $room.queue AND holder.state = 'claimed'
-                   AND holder.slot = ring.slot)
+                   AND holder.slot = ring.slot
+                OFFSET 0)
          LIMIT least($room.room, $limit)
        ) AS free
  WHERE $room.concurrency_limit IS NOT NULL
