@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 
 from switchboard_todos.models import Agent, Todo
@@ -28,6 +28,42 @@ CLAIM_STATEMENTS = ("claim_next", "claim_next_few", "claim_ready", "claim_ready_
 def entry_size(entry: Any) -> int:
     """Bytes of an entry's JSON as PostgreSQL writes jsonb out (what its `size` counts)."""
     return len(json.dumps(entry, ensure_ascii=False).encode())
+
+
+def own_wal(write: Callable[[], Any]) -> int:
+    """Bytes of WAL (records and their full-page images) that `write` writes, run in a
+    transaction of its own: the records of that transaction alone, read back with
+    pg_walinspect once committed (so in a test with transaction=True). The server's WAL
+    position moves with every session's writes: CI's other leg, on the same server, once made
+    a measured statement look twice as dear. A server without pg_walinspect (before
+    PostgreSQL 15, or built without contrib) gives that position's move instead."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT FROM pg_available_extensions WHERE name = 'pg_walinspect')"
+        )
+        (inspectable,) = cursor.fetchone()
+        if inspectable:
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT (pg_current_xact_id()::text::numeric % 4294967296)::bigint,"
+                " pg_current_wal_insert_lsn()"
+            )
+            xid, before = cursor.fetchone()
+        write()
+    with connection.cursor() as cursor:
+        if inspectable:
+            cursor.execute(
+                "SELECT coalesce(sum(record_length + fpi_length), 0)"
+                " FROM pg_get_wal_records_info(%s, pg_current_wal_flush_lsn())"
+                " WHERE xid::text::bigint = %s",
+                [before, xid],
+            )
+        else:
+            cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [before])
+        (written,) = cursor.fetchone()
+    return int(written)
 
 
 def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:

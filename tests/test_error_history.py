@@ -25,7 +25,7 @@ from switchboard_todos.agents.serialize import todos_json
 from switchboard_todos.models import ErrorEntry, State, Todo
 from switchboard_todos.upkeep import retention
 from tests.conftest import run_in_threads
-from tests.helpers import MakeTodo, entry_size
+from tests.helpers import MakeTodo, entry_size, own_wal
 
 #: Bytes of each error of the WAL measurement: the hostile agent's 60 KB errors.
 BIG = 60 * 1024
@@ -230,8 +230,8 @@ def test_the_wal_of_a_fail_is_its_own_entry_not_the_history() -> None:
     """The 20th fail of 60 KiB errors writes less than twice the WAL of the first (before the
     table, the whole history again: 20 times as much).
 
-    The WAL is the server's, shared with whatever else runs on it: each figure is the least of
-    three todos', which another session's writes can only make larger.
+    Each figure is the WAL of the fail's own transaction (helpers.own_wal), the least of three
+    todos'.
     """
     todos = [Todo.objects.create_todo(kind="k", max_attempts=100)[0] for _ in range(3)]
     wal: dict[int, list[int]] = {1: [], 20: []}
@@ -239,12 +239,7 @@ def test_the_wal_of_a_fail_is_its_own_entry_not_the_history() -> None:
         for todo in todos:
             Todo.objects.claim(todo.id, "w1", 60)
             error = {"type": "Flood", "message": noise(BIG)}
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_current_wal_insert_lsn()")
-                (before,) = cursor.fetchone()
-                failed(todo, error)
-                cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [before])
-                (written,) = cursor.fetchone()
+            written = own_wal(lambda: failed(todo, error))  # noqa: B023 (called at once)
             if number in wal:
                 wal[number].append(int(written))
     first, twentieth = min(wal[1]), min(wal[20])
