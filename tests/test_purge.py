@@ -173,7 +173,9 @@ def explain(name: str, params: dict[str, Any]) -> str:
 
 def fill_for_plans() -> None:
     """40,000 todos over three queues, a quarter in each state, the finished a minute apart;
-    each with two entries in its failure history."""
+    each with two entries in its failure history, and each tenth the parent of the next. All
+    analyzed: the plans must not hang on what earlier tests left in the tables (an emptied
+    todo_edges, planned as ten pages, was read by a Seq Scan)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO todos (queue, kind, state, completed_at) "
@@ -186,8 +188,17 @@ def fill_for_plans() -> None:
             "INSERT INTO todo_errors (todo_id, attempt, entry, size) "
             "SELECT id, n, '{}', 2 FROM todos CROSS JOIN generate_series(1, 2) AS n"
         )
+        cursor.execute(
+            "INSERT INTO todo_edges (parent_id, child_id) "
+            "SELECT parent.id, child.id FROM "
+            "  (SELECT id, row_number() OVER (ORDER BY id) AS n FROM todos) AS parent "
+            "  JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM todos) AS child "
+            "    ON child.n = parent.n + 1 "
+            "WHERE parent.n % 10 = 0"
+        )
         cursor.execute("ANALYZE todos")
         cursor.execute("ANALYZE todo_errors")
+        cursor.execute("ANALYZE todo_edges")
 
 
 @pytest.mark.parametrize("queues", [None, ["mail", "sms"]])
