@@ -243,8 +243,12 @@ def test_a_plan_naming_a_dead_or_missing_parent_waits_for_no_parents_lock() -> N
     """Another session holds a live parent's row locked: the plan naming it beside a dead letter
     (or an unknown id) is refused while that lock is still held, by the read that checks what
     the agent may wait for. Refused there, it is counted: the database read for it. The test's
-    connection gives up on any lock wait after 5 s (a failure, not a pause)."""
+    connection gives up on any lock wait after 5 s (a failure, not a pause). The database's
+    clock runs on here (no test transaction): at 6 creations a minute, each is owed for 10 s,
+    and the count reads the same for any time the test takes under 5 s."""
     agent = writer("w")[0]
+    Agent.objects.filter(pk=agent.pk).update(max_creates_per_minute=6)
+    agent.refresh_from_db()
     live, dead = (Todo.objects.create_todo(queue="work", kind="k")[0] for _ in range(2))
     Todo.objects.filter(pk=dead.pk).update(state=State.FAILED)
     refusals = []
@@ -277,7 +281,7 @@ def test_a_plan_naming_a_dead_or_missing_parent_waits_for_no_parents_lock() -> N
         == refusals[1]
         == (f"after: todo {dead.id!r} is a dead letter; requeue it before waiting for it.")
     )
-    assert created(agent) == 3 and Todo.objects.count() == 2
+    assert owed(agent, "creates_paid_until", 6) == 3 and Todo.objects.count() == 2
 
 
 # Each surface: 429 and Retry-After, SQS's throttling error, an MCP tool error
