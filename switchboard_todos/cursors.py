@@ -18,7 +18,8 @@ cost per value: the largest cost per todo once the statements are prepared.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -106,19 +107,56 @@ class PreparingCursor(CursorMixin, Cursor[Any]):
         self.in_use = False
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        global _generation
         kwargs["prepare"] = True
         try:
-            return super().execute(_current(query), params, **kwargs)
-        except (errors.DuplicatePreparedStatement, errors.InvalidSqlStatementName) as error:
-            raise PoolerNotConfigured(_POOLED_PREPARE % (error.sqlstate, error)) from error
+            with _pooler_named():
+                return super().execute(_current(query), params, **kwargs)
         except errors.FeatureNotSupported as error:
-            if error.diag.source_function != "RevalidateCachedQuery":
-                raise
-            _generation += 1
-            if self.connection.info.transaction_status != TransactionStatus.IDLE:
+            if not _went_stale(error, self.connection):
                 raise
             return super().execute(_current(query), params, **kwargs)
+
+
+def one_round_trip(wrapper: BaseDatabaseWrapper, send: Callable[[], None]) -> None:
+    """Run the statements that `send` executes on `wrapper`'s cursors in one round trip.
+
+    psycopg's pipeline sends them together and reads their answers at its end (a Sync), where
+    the cursors then have their rows. Outside a transaction they are one transaction,
+    PostgreSQL's implicit one, committed at the Sync, or rolled back there by an error, which
+    is raised then. Each takes its snapshot as it begins: a statement after one that waited for
+    a lock reads what committed meanwhile (sql/claiming.sql, claim_turn). A prepared statement
+    gone stale is prepared again and `send` runs again, as PreparingCursor does for one.
+    """
+    connection = wrapper.connection
+    with wrapper.wrap_database_errors:
+        try:
+            with _pooler_named(), connection.pipeline():
+                send()
+        except errors.FeatureNotSupported as error:
+            if not _went_stale(error, connection):
+                raise
+            with _pooler_named(), connection.pipeline():
+                send()
+
+
+@contextmanager
+def _pooler_named() -> Iterator[None]:
+    """A prepared statement lost is PoolerNotConfigured, which names the setting."""
+    try:
+        yield
+    except (errors.DuplicatePreparedStatement, errors.InvalidSqlStatementName) as error:
+        raise PoolerNotConfigured(_POOLED_PREPARE % (error.sqlstate, error)) from error
+
+
+def _went_stale(error: errors.FeatureNotSupported, connection: Connection[Any]) -> bool:
+    """Whether `error` is a prepared statement whose result type changed, to be run again under
+    a new text; the statements are prepared anew either way, from the next one on. Not inside a
+    transaction, which the error aborted."""
+    global _generation
+    if error.diag.source_function != "RevalidateCachedQuery":
+        return False
+    _generation += 1
+    return connection.info.transaction_status == TransactionStatus.IDLE
 
 
 #: What a prepared statement's loss says. psycopg forgets its statements when the session runs

@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
 from django.db import connection, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.test import Client
+from psycopg import pq
 
 from switchboard_todos.models import Agent, Todo
 
@@ -64,6 +68,26 @@ def own_wal(write: Callable[[], Any]) -> int:
             cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [before])
         (written,) = cursor.fetchone()
     return int(written)
+
+
+@contextmanager
+def round_trips(on: BaseDatabaseWrapper) -> Iterator[list[int]]:
+    """The round trips Django's connection `on` makes inside, appended to the list yielded on
+    the way out: the Syncs and simple Queries that libpq's trace of its psycopg connection
+    shows it sending. Each is one wait for the server's answer: the statements of a pipeline
+    (cursors.one_round_trip) share one Sync."""
+    on.ensure_connection()
+    made: list[int] = []
+    with tempfile.TemporaryFile() as trace:
+        on.connection.pgconn.trace(trace.fileno())
+        on.connection.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield made
+        finally:
+            on.connection.pgconn.untrace()
+        trace.seek(0)
+        sent = [line.split("\t") for line in trace.read().decode().splitlines()]
+    made.append(sum(1 for line in sent if line[0] == "F" and line[2] in ("Sync", "Query")))
 
 
 def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:

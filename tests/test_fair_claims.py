@@ -20,7 +20,7 @@ from switchboard_todos.claims.marks import marks
 from switchboard_todos.models import State, Todo
 from switchboard_todos.sql import queries
 from tests.conftest import run_in_threads
-from tests.test_sql import claim_marks, explain_generic, nodes
+from tests.test_sql import claim_params, explain_generic, nodes
 
 KEYS = ["acme", "globex", "initech", "umbrella"]
 
@@ -204,18 +204,7 @@ def claim_buffers(backlog_keys: int) -> tuple[int, int]:
             [backlog_keys, backlog_keys],
         )
         cursor.execute("ANALYZE todos")
-        params = {
-            "queues": "{fair}",
-            "owner": "w1",
-            "ttl": "30s",
-            "default_ttl": "30s",
-            "limit": 10,
-            "max_held": None,
-            "credential": None,
-            "max_errors_kept": 20,
-            "max_error_history_bytes": 262144,
-            **claim_marks(["fair"], known=False),
-        }
+        params = claim_params(["fair"], 10)
         cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {queries['claim_next']}", params)
         (plan,) = cursor.fetchone()
         cursor.execute("DELETE FROM todos WHERE queue = 'fair'")

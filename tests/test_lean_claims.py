@@ -2,7 +2,8 @@
 
 Each test is a running claimer that has claimed lean; a fact changes, committed (by an
 operator, a producer); and the claimer's next claim honours it, in as many statements as it
-says.
+says: a claim of a queue known to be paused or limited sends claim_turn ahead of the full
+statement, in the same round trip.
 """
 
 from __future__ import annotations
@@ -33,11 +34,27 @@ def running_claimer() -> Iterator[None]:
     marks.forget()
 
 
+#: How the lean claim of one todo (claim_one) begins; claim_ready's begins otherwise.
+LEAN_ONE = "-- claim_next, lean, of one todo"
+#: How claim_turn begins, the wait for a limited queue's row sent ahead of the full claim.
+TURN = "-- Wait for a claim's turn"
+
+
+def ran(statements: CaptureQueriesContext, *, one: bool = False) -> list[str]:
+    """Which statements ran: "lean" (claim_ready, or claim_one unless `one` tells it apart as
+    "one"), "turn" (claim_turn) or "full"."""
+    starts = (("one", LEAN_ONE),) * one + (("lean", LEAN), ("turn", TURN))
+    return [
+        next((name for name, start in starts if q["sql"].startswith(start)), "full")
+        for q in statements
+    ]
+
+
 def claim(queue: str = "q", limit: int = 1) -> tuple[list[Todo], list[str]]:
-    """Claim from `queue` for w1; the todos, and which statements ran ("lean" or "full")."""
+    """Claim from `queue` for w1; the todos, and which statements ran (ran)."""
     with CaptureQueriesContext(connection) as statements:
         todos = Todo.objects.claim_batch(queue, "w1", 30, limit)
-    return todos, ["lean" if q["sql"].startswith(LEAN) else "full" for q in statements]
+    return todos, ran(statements)
 
 
 def create(count: int = 1, **fields: Any) -> list[Todo]:
@@ -57,10 +74,10 @@ def test_a_pause_stops_the_next_claim_and_a_resume_lets_the_one_after_through() 
     todos = create(4)
     assert claim() == ([todos[0]], ["lean"])
     Queue.objects.create(name="q", paused=True)
-    assert claim() == ([], ["lean", "full"])
-    assert claim() == ([], ["full"])
+    assert claim() == ([], ["lean", "turn", "full"])
+    assert claim() == ([], ["turn", "full"])
     Queue.objects.filter(name="q").update(paused=False)
-    assert claim() == ([todos[1]], ["full"])
+    assert claim() == ([todos[1]], ["turn", "full"])
     assert claim() == ([todos[2]], ["lean"])
 
 
@@ -70,8 +87,8 @@ def test_a_concurrency_limit_set_under_the_claimer_gives_out_its_slots_only() ->
     todos = create(5)
     assert claim() == ([todos[0]], ["lean"])
     Queue.objects.create(name="q", concurrency_limit=2)
-    assert claim(limit=5) == (todos[1:3], ["lean", "full"])
-    assert claim(limit=5) == ([], ["full"])
+    assert claim(limit=5) == (todos[1:3], ["lean", "turn", "full"])
+    assert claim(limit=5) == ([], ["turn", "full"])
     assert [todo.slot for todo in Todo.objects.filter(state=State.CLAIMED).order_by("slot")] == [
         1,
         2,
@@ -84,7 +101,7 @@ def test_a_rate_limit_set_under_the_claimer_is_counted_from_its_next_claim() -> 
     assert claim() == ([todos[0]], ["lean"])
     Queue.objects.create(name="q", rate_limit=2, rate_period=timedelta(hours=1))
     assert claim(limit=5)[0] == todos[1:3]
-    assert claim() == ([], ["full"])
+    assert claim() == ([], ["turn", "full"])
 
 
 def test_a_concurrency_key_is_held_by_a_lean_claim_too() -> None:
@@ -127,19 +144,12 @@ def test_max_held_bounds_a_lean_claim() -> None:
     assert Todo.objects.claim_batch("q", "w1", 30, 5, max_held=2) == []
 
 
-#: How the lean claim of one todo (claim_one) begins; claim_ready's begins otherwise.
-LEAN_ONE = "-- claim_next, lean, of one todo"
-
-
 def claim_next(queue: str = "q") -> tuple[Todo | None, list[str]]:
-    """claim_next from `queue` for w1; the todo, and which statements ran ("one", "lean" for
-    claim_ready, or "full")."""
+    """claim_next from `queue` for w1; the todo, and which statements ran (ran, claim_one
+    told apart)."""
     with CaptureQueriesContext(connection) as statements:
         todo = Todo.objects.claim_next(queue, "w1", 30)
-    return todo, [
-        "one" if q["sql"].startswith(LEAN_ONE) else "lean" if q["sql"].startswith(LEAN) else "full"
-        for q in statements
-    ]
+    return todo, ran(statements, one=True)
 
 
 def test_a_claim_of_one_runs_claim_one_and_a_concurrency_limit_sends_it_to_the_full_claim() -> None:
@@ -147,9 +157,9 @@ def test_a_claim_of_one_runs_claim_one_and_a_concurrency_limit_sends_it_to_the_f
     assert claim_next() == (todos[0], ["one"])
     Queue.objects.create(name="q", concurrency_limit=2)
     claimed, statements = claim_next()
-    assert (claimed, statements) == (todos[1], ["one", "full"])
+    assert (claimed, statements) == (todos[1], ["one", "turn", "full"])
     assert claimed is not None and claimed.slot is not None
-    assert claim_next() == (todos[2], ["full"])
+    assert claim_next() == (todos[2], ["turn", "full"])
 
 
 def test_a_claim_of_one_keeps_a_concurrency_key_held_and_in_order() -> None:

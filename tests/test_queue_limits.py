@@ -7,7 +7,8 @@ import json
 import subprocess
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -21,8 +22,8 @@ from switchboard_todos.exceptions import TodoConflict
 from switchboard_todos.models import Queue, State, Todo
 from switchboard_todos.sql import queries
 from tests.conftest import database_url, run_in_threads
-from tests.helpers import MakeTodo, OutputLines, db_now, wait_until
-from tests.test_sql import claim_marks, nodes
+from tests.helpers import MakeTodo, OutputLines, db_now, round_trips, wait_until
+from tests.test_sql import claim_params, nodes
 
 Spawn = Callable[..., "subprocess.Popen[str]"]
 
@@ -90,18 +91,7 @@ def test_a_limited_claim_reads_its_slots_once(make_todo: MakeTodo) -> None:
     Queue.objects.create(name="wide", concurrency_limit=100)
     for _ in range(50):
         make_todo(queue="wide")
-    params = {
-        "queues": ["wide"],
-        "owner": "w1",
-        "ttl": "30s",
-        "default_ttl": "30s",
-        "limit": 50,
-        "max_held": None,
-        "credential": None,
-        "max_errors_kept": 20,
-        "max_error_history_bytes": 262144,
-        **claim_marks(["wide"], known=False),
-    }
+    params = claim_params(["wide"], 50)
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queries["claim_next"], params)
         (plan,) = cursor.fetchone()
@@ -127,18 +117,7 @@ def test_a_limited_claim_probes_free_slots_not_every_held_one(vacuumed: None, db
         cursor.execute("ANALYZE todos")
     for batch in range(4):
         assert len(Todo.objects.claim_batch("wide", f"w{batch}", 30, 400)) == 400
-    params = {
-        "queues": ["wide"],
-        "owner": "w9",
-        "ttl": "30s",
-        "default_ttl": "30s",
-        "limit": 400,
-        "max_held": None,
-        "credential": None,
-        "max_errors_kept": 20,
-        "max_error_history_bytes": 262144,
-        **claim_marks(["wide"], known=False),
-    }
+    params = claim_params(["wide"], 400, owner="w9")
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queries["claim_next"], params)
         (plan,) = cursor.fetchone()
@@ -187,16 +166,57 @@ def test_a_claim_that_waited_for_the_queue_row_takes_other_slots() -> None:
     """Reproduction: a claim of a limited queue that waited for the claim before it (the queue's
     row locked) read the claimed todos in the snapshot it began with, picked the slots that
     claim had just taken, hit idx_todos_slot, and ran again: at 8 worker processes most claims
-    were wasted (0.22 of the raw loop). It starts past them now, and one statement does."""
+    were wasted (0.22 of the raw loop). It starts past them now, in one round trip: its turn at
+    the queue's row (claim_turn), then the claim."""
     Queue.objects.create(name="wide", concurrency_limit=100)
     Todo.objects.create_many([{"queue": "wide", "kind": "k"} for _ in range(20)])
     first: list[Todo] = []
+    with (
+        claimed_ahead(first, 5),
+        CaptureQueriesContext(connection) as statements,
+        round_trips(connection) as made,
+    ):
+        second = Todo.objects.claim_batch("wide", "second", 30, 5)
+    assert [query["sql"][:26] for query in statements] == [
+        "-- Wait for a claim's turn",  # claim_turn
+        "-- Claim up to 5 of the cl",  # claim_next_few
+    ]
+    assert made == [1]
+    assert {todo.slot for todo in first} == {1, 2, 3, 4, 5}
+    assert {todo.slot for todo in second} == {6, 7, 8, 9, 10}
+    assert Queue.objects.get(name="wide").slot_cursor == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_waited_for_its_turn_reads_past_what_the_claims_ahead_took() -> None:
+    """Reproduction: a claim that waited for the queue's row inside its own statement scanned
+    in the snapshot it began with, where the 200 todos the claim ahead of it took still looked
+    pending: it read each (and tried to lock it again). Waiting for its turn ahead of the claim
+    (claim_turn), it reads only the todos still pending. Read in its own transaction's count of
+    the rows it fetched through idx_todos_pending."""
+    Queue.objects.create(name="wide", concurrency_limit=1000)
+    Todo.objects.create_many([{"queue": "wide", "kind": "k"} for _ in range(400)])
+    Todo.objects.claim_batch("wide", "warm", 30, 1)  # the process learns the queue is limited
+    with claimed_ahead([], 200), transaction.atomic():
+        second = Todo.objects.claim_batch("wide", "second", 30, 5)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_get_xact_tuples_fetched('idx_todos_pending'::regclass)")
+            [fetched] = cursor.fetchone()
+    assert len(second) == 5
+    assert fetched < 100, fetched  # 206 before (5 taken, 200 passed over, 1 the warm claim's)
+
+
+@contextmanager
+def claimed_ahead(first: list[Todo], limit: int) -> Iterator[None]:
+    """Inside, a claim of `limit` todos of queue "wide" (into `first`), made before, holds the
+    queue's row in a transaction of another thread's connection, until a claim waits for it;
+    the thread is joined on the way out."""
     holding = threading.Event()
 
     def hold_a_claim() -> None:
         try:
             with transaction.atomic():
-                first.extend(Todo.objects.claim_batch("wide", "first", 30, 5))
+                first.extend(Todo.objects.claim_batch("wide", "first", 30, limit))
                 holding.set()
                 wait_until(
                     lambda: waiting_on_a_lock(connection),
@@ -207,14 +227,11 @@ def test_a_claim_that_waited_for_the_queue_row_takes_other_slots() -> None:
 
     thread = threading.Thread(target=hold_a_claim)
     thread.start()
-    assert holding.wait(10)
-    with CaptureQueriesContext(connection) as statements:
-        second = Todo.objects.claim_batch("wide", "second", 30, 5)
-    thread.join()
-    assert len(statements) == 1, [query["sql"][:60] for query in statements]
-    assert {todo.slot for todo in first} == {1, 2, 3, 4, 5}
-    assert {todo.slot for todo in second} == {6, 7, 8, 9, 10}
-    assert Queue.objects.get(name="wide").slot_cursor == 10
+    try:
+        assert holding.wait(10)
+        yield
+    finally:
+        thread.join()
 
 
 def waiting_on_a_lock(on: BaseDatabaseWrapper) -> bool:

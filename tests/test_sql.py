@@ -307,6 +307,25 @@ def claim_marks(queues: list[str], *, known: bool) -> dict[str, Any]:
     return own.for_claim("default", queues).params()
 
 
+def claim_params(
+    queues: list[str], limit: int, *, owner: str = "w1", known: bool = False
+) -> dict[str, Any]:
+    """The parameters of a claim of up to `limit` todos of `queues` for `owner`, with the
+    defaults' lease and failure history, and the marks of claim_marks."""
+    return {
+        "queues": queues,
+        "owner": owner,
+        "ttl": "30s",
+        "default_ttl": "30s",
+        "limit": limit,
+        "max_held": None,
+        "credential": None,
+        "max_errors_kept": 20,
+        "max_error_history_bytes": 262144,
+        **claim_marks(queues, known=known),
+    }
+
+
 CLAIM_INDEXES = {
     "idx_todos_pending",
     "idx_todos_scheduled",
@@ -339,18 +358,7 @@ def test_claim_next_is_an_index_scan_per_queue(
     The same holds for the generic plan a prepared claim runs with (cursors.py), which is
     made without knowing the queues or the limit.
     """
-    params = {
-        "queues": queues,
-        "owner": "w1",
-        "ttl": "30s",
-        "default_ttl": "30s",
-        "limit": 1,
-        "max_held": None,
-        "credential": None,
-        "max_errors_kept": 20,
-        "max_error_history_bytes": 262144,
-        **claim_marks(queues, known=generic),
-    }
+    params = claim_params(queues, 1, known=generic)
     plan = explain_generic("claim_next", params) if generic else explain("claim_next", params)
     scans = {(node["Node Type"], node.get("Index Name")) for node in nodes(plan)}
     assert ("Index Scan", "idx_todos_pending") in scans
@@ -398,18 +406,7 @@ def test_a_claim_of_a_few_follows_the_index_of_queues_it_has_no_mark_for(
         )
         cursor.execute("ANALYZE todos")
     queues = ["a", "b", "c"]
-    params = {
-        "queues": queues,
-        "owner": "w1",
-        "ttl": "30s",
-        "default_ttl": "30s",
-        "limit": limit,
-        "max_held": None,
-        "credential": None,
-        "max_errors_kept": 20,
-        "max_error_history_bytes": 262144,
-        **claim_marks(queues, known=False),
-    }
+    params = claim_params(queues, limit)
     plan = explain_generic(name, params)
     pending = [
         node["Node Type"] for node in nodes(plan) if node.get("Index Name") == "idx_todos_pending"
@@ -429,18 +426,7 @@ def test_claim_plan_cost_does_not_grow_with_the_backlog(backlog: None) -> None:
     An estimate that grew with the backlog would cross jit_above_cost at some size, and
     PostgreSQL would then JIT-compile the plan at every claim (some 25 ms here).
     """
-    params = {
-        "queues": ["a", "b"],
-        "owner": "w1",
-        "ttl": "30s",
-        "default_ttl": "30s",
-        "limit": 10,
-        "max_held": None,
-        "credential": None,
-        "max_errors_kept": 20,
-        "max_error_history_bytes": 262144,
-        **claim_marks(["a", "b"], known=True),
-    }
+    params = claim_params(["a", "b"], 10, known=True)
     before = explain_generic("claim_next", params)["Total Cost"]
     with connection.cursor() as cursor:
         cursor.execute(

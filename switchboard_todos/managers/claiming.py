@@ -206,36 +206,38 @@ class Claiming(Machinery):
 
         Lean (claim_ready) unless it is a full scan or the last claim from these queues found
         one paused or limited (claims/marks.py); a lean claim that finds one so claims nothing,
-        and the full one runs. A claim that keeps losing races for concurrency keys claims
-        nothing.
+        and the full one runs. The full claim of queues known to be paused or limited waits for
+        its turn at their rows first, in the same round trip (claim_turn in
+        sql/claiming.sql). A claim that keeps losing races for concurrency keys claims nothing.
         """
         alias = self._db_alias
         queues = params["queues"]
         found = marks.for_claim(alias, queues)
         params = {**params, "queues": cursors.array_literal(queues), **found.params()}
-        lean = not found.full_scan and marks.lean(alias, queues)
+        in_turn = not marks.lean(alias, queues)
+        lean = not found.full_scan and not in_turn
         began = tracing.started()
+
+        def claim(statement: str, limited: list[Any]) -> list[tuple[Todo, Any]]:
+            return self._run(
+                "claim_next",
+                params,
+                extra="ready_turn",
+                statement=queries[_statement(statement, params["limit"])],
+                markers=limited,
+                ahead="claim_turn" if in_turn else None,
+            )
+
         for _ in range(KEY_RACE_TRIES):
             try:
                 limited: list[Any] = []
                 if lean:
-                    rows = self._run(
-                        "claim_next",
-                        params,
-                        extra="ready_turn",
-                        statement=queries[_statement("claim_ready", params["limit"])],
-                        markers=limited,
-                    )
+                    rows = claim("claim_ready", limited)
                     lean = not limited
+                    in_turn = bool(limited)
                 if not lean:
                     limited.clear()
-                    rows = self._run(
-                        "claim_next",
-                        params,
-                        extra="ready_turn",
-                        statement=queries[_statement("claim_next", params["limit"])],
-                        markers=limited,
-                    )
+                    rows = claim("claim_next", limited)
                 marks.found(alias, queues, limited=bool(limited))
             except IntegrityError as error:
                 if not self._lost_key_race(error):

@@ -163,6 +163,7 @@ class Machinery(_TodoManagerBase["Todo"]):
         given: Callable[[str], Mapping[str, Any]] | None = None,
         prepared: bool = True,
         markers: list[Any] | None = None,
+        ahead: str | None = None,
     ) -> list[tuple[Todo, Any]]:
         """Run statement `name` (or `statement`, composed for this call, under that name);
         build a Todo from each row, matching columns by name.
@@ -175,7 +176,8 @@ class Machinery(_TodoManagerBase["Todo"]):
         id, and the columns' defaults fill in the rest (CREATED_FRESH). `prepared=False`: planned
         at this call (cursors.cursor). A row whose id is NULL is the statement's marker, not a
         todo (claim_ready's "limited"): its `extra` goes to `markers`. A todo with parents is
-        remembered (Dependencies).
+        remembered (Dependencies). `ahead` names a statement sent before it with the same
+        parameters, in the same round trip and transaction (cursors.one_round_trip).
         """
         alias = self._db_alias
         connection = connections[alias]
@@ -183,7 +185,17 @@ class Machinery(_TodoManagerBase["Todo"]):
         # A cursor per stored statement, and one per name for those composed at each call.
         kept_for = text if text in _STORED else name
         with cursors.cursor(connection, prepared=prepared, statement=kept_for) as cursor:
-            cursor.execute(text, params)
+            if ahead is None:
+                cursor.execute(text, params)
+            else:
+                first_text = queries[ahead]
+                with cursors.cursor(connection, statement=first_text) as first:
+
+                    def send() -> None:
+                        first.execute(first_text, params)
+                        cursor.execute(text, params)
+
+                    cursors.one_round_trip(connection, send)
             # Read off psycopg's cursor: Django's wrapper wraps each attribute read through it
             # in a new error-translating function, 5 us a statement.
             with connection.wrap_database_errors:
