@@ -28,7 +28,7 @@ from switchboard_todos import checks
 from switchboard_todos.agents import accounts
 from switchboard_todos.claims import listen, long_polls
 from switchboard_todos.exceptions import PoolerNotConfigured
-from switchboard_todos.models import State, Todo
+from switchboard_todos.models import Queue, State, Todo
 from tests import pgbouncer as bouncers
 from tests.asgi import serve
 from tests.conftest import ROOT, child_environment, database_url, run_in_threads
@@ -139,7 +139,10 @@ def test_producers_claimers_a_worker_and_the_reaper_each_todo_once(
 ) -> None:
     """Four producers, three claimers and a worker process share two server connections;
     every todo is done once; the reaper takes a lapsed lease back; long polls and wait_for
-    poll, and see what they wait for."""
+    poll, and see what they wait for. The claimers' queue has a concurrency limit (never
+    reached): each claim waits for its turn at the queue's row in the same round trip, one
+    pipeline (cursors.one_round_trip), which the pooler keeps on one server connection."""
+    Queue.objects.create(name="claims", concurrency_limit=15)
     worker = WorkerProcess(spawn, "--queue", "work", "--concurrency", "2")
 
     def produce(number: int) -> None:
@@ -159,6 +162,7 @@ def test_producers_claimers_a_worker_and_the_reaper_each_todo_once(
 
     drained = [todo_id for ids in run_in_threads(3, drain) for todo_id in ids]
     assert len(drained) == len(set(drained)) == 100
+    assert Todo.objects.filter(queue="claims").exclude(slot=None).count() == 100
 
     # A todo the worker finishes while this thread waits for it; a long poll that sees a todo
     # created after it began. Both poll (no LISTEN behind a transaction pooler).
