@@ -119,12 +119,17 @@ SELECT $room.queue, free.step, free.slot, row_number() OVER (PARTITION BY $room.
 -- The body of a claim's "taken_over" CTE: of the todos `ids` (a SELECT of ids) it is about to
 -- claim, those whose expired lease it takes over, locked in id order as they are now; the
 -- claim records each expired attempt in the failure history (its "entry", "trimmed" and
--- "noted" CTEs: error_entries), as the reaper does.
+-- "noted" CTEs: error_entries), as the reaper does. The "EXISTS", a test made once, skips the
+-- scan when there are no such ids, as in every claim that does not look for expired leases:
+-- on statistics gathered while the queue held nothing, the generic plan read idx_todos_held
+-- for them, every claimed todo (1.4 ms for 3,600 held, in a limited queue's claim, which its
+-- queue's claims wait for).
 SELECT id, owner, attempt, claimed_at
   FROM todos
  WHERE id = ANY (ARRAY($ids))
    AND state = 'claimed' AND lease_expires_at <= now() AND attempt < max_attempts
    AND (assignee IS NULL OR assignee = %(owner)s)
+   AND EXISTS ($ids)
  ORDER BY id
    FOR NO KEY UPDATE
 
