@@ -18,8 +18,7 @@ cost per value: the largest cost per todo once the statements are prepared.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -109,8 +108,9 @@ class PreparingCursor(CursorMixin, Cursor[Any]):
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         kwargs["prepare"] = True
         try:
-            with _pooler_named():
-                return super().execute(_current(query), params, **kwargs)
+            return super().execute(_current(query), params, **kwargs)
+        except (errors.DuplicatePreparedStatement, errors.InvalidSqlStatementName) as error:
+            raise _pooler_lost(error) from error
         except errors.FeatureNotSupported as error:
             if not _went_stale(error, self.connection):
                 raise
@@ -129,23 +129,21 @@ def one_round_trip(wrapper: BaseDatabaseWrapper, send: Callable[[], None]) -> No
     """
     connection = wrapper.connection
     with wrapper.wrap_database_errors:
-        try:
-            with _pooler_named(), connection.pipeline():
-                send()
-        except errors.FeatureNotSupported as error:
-            if not _went_stale(error, connection):
-                raise
-            with _pooler_named(), connection.pipeline():
-                send()
+        for last in (False, True):
+            try:
+                with connection.pipeline():
+                    send()
+                return
+            except (errors.DuplicatePreparedStatement, errors.InvalidSqlStatementName) as error:
+                raise _pooler_lost(error) from error
+            except errors.FeatureNotSupported as error:
+                if last or not _went_stale(error, connection):
+                    raise
 
 
-@contextmanager
-def _pooler_named() -> Iterator[None]:
-    """A prepared statement lost is PoolerNotConfigured, which names the setting."""
-    try:
-        yield
-    except (errors.DuplicatePreparedStatement, errors.InvalidSqlStatementName) as error:
-        raise PoolerNotConfigured(_POOLED_PREPARE % (error.sqlstate, error)) from error
+def _pooler_lost(error: errors.DatabaseError) -> PoolerNotConfigured:
+    """A prepared statement lost, as PoolerNotConfigured, which names the setting."""
+    return PoolerNotConfigured(_POOLED_PREPARE % (error.sqlstate, error))
 
 
 def _went_stale(error: errors.FeatureNotSupported, connection: Connection[Any]) -> bool:

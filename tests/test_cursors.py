@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from switchboard_todos import cursors
 from switchboard_todos.claims.marks import marks
-from switchboard_todos.models import Todo
+from switchboard_todos.models import Queue, Todo
 from switchboard_todos.sql import queries
 from tests.conftest import database_url
 from tests.helpers import CLAIM_STATEMENTS
@@ -299,6 +299,23 @@ def test_a_column_added_by_another_service_is_survived(
     another_service.execute("ALTER TABLE todos ADD COLUMN second_extra text")
     round_trip(2)  # outside a transaction: prepared again and run again, no error
     assert cursors._generation == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_column_added_is_survived_by_a_claim_sent_behind_its_turn(
+    another_service: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a limited queue's claim, sent behind claim_turn in one pipeline
+    (cursors.one_round_trip): its error comes at the pipeline's end, where both run again."""
+    monkeypatch.setattr(cursors, "_generation", 0)
+    Queue.objects.create(name="limited", concurrency_limit=5)
+    for _ in range(2):
+        Todo.objects.create_todo(queue="limited", kind="k")
+    assert Todo.objects.claim_next("limited", "w1", 30) is not None  # the turn and claim prepared
+    another_service.execute("ALTER TABLE todos ADD COLUMN first_extra text")
+    claimed = Todo.objects.claim_next("limited", "w1", 30)
+    assert claimed is not None and claimed.slot is not None
+    assert cursors._generation == 1
 
 
 def test_other_unsupported_features_are_errors(db: None, monkeypatch: pytest.MonkeyPatch) -> None:
