@@ -21,15 +21,16 @@
 -- Queues without such a row are not here: nothing limits them, and nothing is locked.
 SELECT settings.name AS queue, settings.concurrency_limit, settings.slot_cursor,
        {{room_of(settings)}} AS room
-  FROM todo_queues AS settings
- WHERE settings.name = ANY ($queues)
-   AND {{limits_claims(settings)}}
+{{limiting($queues)}}
    FOR NO KEY UPDATE
 
--- fragment: limits_claims(settings)
--- Whether `settings`, a todo_queues row, pauses its queue or limits its claims: then the
--- claims of the queue read and lock it (room, claim_turn).
-($settings.paused OR $settings.rate_limit IS NOT NULL OR $settings.concurrency_limit IS NOT NULL)
+-- fragment: limiting(queues)
+-- The FROM and WHERE of a read of the todo_queues rows ("settings") of `queues` (a text[])
+-- that pause their queue or limit its claims: the full claims read and lock them (room, after
+-- claim_turn), the lean ones only look (their "limited").
+  FROM todo_queues AS settings
+ WHERE settings.name = ANY ($queues)
+   AND (settings.paused OR settings.rate_limit IS NOT NULL OR settings.concurrency_limit IS NOT NULL)
 
 -- fragment: first_per_key(ready, due, expired)
 -- The body of the "first_per_key" CTE of a claim: of the candidates of its `ready`, `due` and
@@ -292,9 +293,7 @@ next_retry_at IS NOT NULL
 -- snapshot holds what the claims ahead took. In name order, as two claims of overlapping
 -- queues then lock.
 SELECT settings.name
-  FROM todo_queues AS settings
- WHERE settings.name = ANY ((SELECT %(queues)s::text[])::text[])
-   AND {{limits_claims(settings)}}
+{{limiting((SELECT %(queues)s::text[])::text[])}}
  ORDER BY settings.name
    FOR NO KEY UPDATE;
 
@@ -404,9 +403,7 @@ counted AS ({{counted(claimed, slot, room)}})
 -- claim_next's: 1000 in claim_ready, 100 in claim_ready_few.
 WITH limited AS MATERIALIZED (
     SELECT settings.name
-      FROM todo_queues AS settings
-     WHERE settings.name = ANY ((SELECT %(queues)s::text[])::text[])
-       AND {{limits_claims(settings)}}
+    {{limiting((SELECT %(queues)s::text[])::text[])}}
 ),
 room AS MATERIALIZED (
     SELECT wanted.queue, 0 AS room
@@ -454,9 +451,7 @@ claimed AS (
 -- under a cap of 1: the one row it may take (claim_next says why a small cap matters).
 WITH limited AS MATERIALIZED (
     SELECT settings.name
-      FROM todo_queues AS settings
-     WHERE settings.name = ANY ((SELECT %(queues)s::text[])::text[])
-       AND {{limits_claims(settings)}}
+    {{limiting((SELECT %(queues)s::text[])::text[])}}
 ),
 candidate AS MATERIALIZED (
     SELECT ready.id, ready.priority, ready.fair_at AS claimable_at, true AS ready
