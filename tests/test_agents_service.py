@@ -292,6 +292,34 @@ def test_holder_verbs_respect_leases_queues_and_assignees(
     assert verb(agent, mine.id).id == mine.id
 
 
+def test_a_verb_works_out_no_row_layout_again_from_one_call_to_the_next(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service pins a copy of the manager at each call (`db_manager`); the layouts of its
+    rows are the model's, kept across copies, not worked out at every call."""
+    from switchboard_todos.managers import machinery, rows
+
+    def verbs() -> None:
+        created, _ = service.create_for(agent, queue="work", kind="kind", payload={"n": 1})
+        (claimed,) = service.claim(agent, queues=["work"], ttl=30)
+        service.heartbeat(agent, claimed.id, 30)
+        service.complete(agent, claimed.id, {"ok": True})
+        assert created.id == claimed.id
+
+    verbs()
+    verbs()  # the first claim is the full statement; from the second, the lean one (lean claims)
+    built: list[rows.Layout] = []
+
+    def layout(*args: Any, **kwargs: Any) -> rows.Layout:
+        built.append(rows.Layout(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(machinery, "Layout", layout)
+    verbs()
+    assert built == []
+    assert Todo.objects.db_manager("default")._kept is Todo.objects._kept
+
+
 def test_holder_keeps_its_todo_after_losing_the_queue_grant(
     agent: Agent, make_todo: Callable[..., Todo]
 ) -> None:

@@ -308,6 +308,21 @@ def test_a_host_not_allowed_is_djangos_400(
     assert Todo.objects.filter(state=State.CLAIMED).count() == 0
 
 
+def test_an_answer_in_front_says_its_length(
+    fast: asgi.AgentsAPIFirst, tokens: dict[str, str]
+) -> None:
+    """Not chunked: a client reads the body in one piece (http.client, in the agents' bench)."""
+    Todo.objects.create_todo(queue="work", kind="k")
+    mine = {"Authorization": f"Bearer {tokens['a1']}"}
+    for answer in (
+        call(fast, "POST", "/api/claim/", b'{"ttl": 30}', mine),
+        call(fast, "POST", "/api/claim/", b'{"ttl": "soon"}', mine),
+        call(fast, "POST", "/api/claim/", b'{"ttl": 30}', {"Authorization": "Bearer nope"}),
+    ):
+        assert "transfer-encoding" not in answer.headers
+        assert int(answer.headers["content-length"]) == len(answer.body) > 0
+
+
 def test_only_the_verbs_and_creates_are_answered_in_front(tokens: dict[str, str]) -> None:
     """List, get, the schema and other methods reach the wrapped application."""
     reached: list[tuple[str, str]] = []

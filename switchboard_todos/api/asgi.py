@@ -218,6 +218,9 @@ class AgentsAPIFirst:
             ]
         else:
             status, content, headers = 200, answer, [(b"content-type", b"application/json")]
+        if not any(key == b"content-length" for key, _ in headers):
+            # Not chunked: the client reads the body in one piece, without parsing chunks.
+            headers.append((b"content-length", b"%d" % len(content)))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
