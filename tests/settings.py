@@ -26,11 +26,6 @@ DATABASE_ROUTERS = ["switchboard_todos.placement.QueueRouter"]
 if pool_size := env.int("DATABASE_POOL_SIZE", default=0):
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": pool_size}
 
-# Off, as the suite speaks plain HTTP; the live servers of the HTTPS tests turn them on in their
-# environment (tests/test_mcp.py).
-SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
-SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
-
 # A test's worker child may shorten the connection timeouts (tests/test_worker_process.py).
 SWITCHBOARD_TODOS_DATABASE_OPTIONS = env.json("SWITCHBOARD_TODOS_DATABASE_OPTIONS", default={})
 # The pooler in front of the database for the processes a test starts (tests/test_pooler.py).
@@ -58,7 +53,8 @@ SWITCHBOARD_TODOS_AGENT_BURST_SECONDS = env.float(
     "SWITCHBOARD_TODOS_AGENT_BURST_SECONDS", default=6.0
 )
 
-# The live HTTPS tests (tests/test_api_live.py) turn these on in the server they start.
+# Off, as the suite speaks plain HTTP; the live servers of the HTTPS tests turn them on in their
+# environment (tests/test_api_live.py, tests/test_mcp.py).
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
 SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
