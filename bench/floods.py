@@ -12,6 +12,9 @@ at MAX_REQUESTS requests, or MAX_SECONDS after it began, whichever comes first.
 * `create_and_fail`: the same, and CREATORS threads creating todos (1 KiB payloads, the highest
   max_attempts its quota allows) for the long polls to claim and fail until their attempts are
   used up;
+* `create_and_fail_small`: the same with errors of SMALL_ERROR_BYTES, of which the default
+  quota of bytes (16 MiB a minute) lets 16,000 through a minute: the fails go at the pace of
+  the requests;
 * `children`: CHILD_CREATORS threads creating todos whose `after` names the same parents (as
   many as the API allows, MAX_PARENTS) again and again: a producer's backlog of pending todos
   in the hostile agent's queue, which it may see (and which it could not create itself, at 600
@@ -48,6 +51,8 @@ CHILD_CREATORS = 4
 PLAN_CREATORS = 4
 #: The size of a hostile error: the most SWITCHBOARD_TODOS_MAX_ERROR_BYTES keeps.
 ERROR_BYTES = 64 * 1024
+#: The size of a small hostile error.
+SMALL_ERROR_BYTES = 1024
 #: The most todos one `after` names (validation.MAX_PARENTS).
 MAX_PARENTS = 1000
 #: The idempotency key that refuses the plans (409).
@@ -139,8 +144,10 @@ def junk(**fields: Any) -> dict[str, Any]:
     return {"queue": HOSTILE_QUEUE, "kind": "junk", **fields}
 
 
-def long_polls(flood: Flood, *, wait: float, creators: int = 0, **_: Any) -> list[Loop]:
-    error = "x" * ERROR_BYTES
+def long_polls(
+    flood: Flood, *, wait: float, creators: int = 0, error_bytes: int = ERROR_BYTES, **_: Any
+) -> list[Loop]:
+    error = "x" * error_bytes
 
     def poll() -> None:
         agent = flood.connect()
@@ -161,6 +168,10 @@ def long_polls(flood: Flood, *, wait: float, creators: int = 0, **_: Any) -> lis
 
 def create_and_fail(flood: Flood, **options: Any) -> list[Loop]:
     return long_polls(flood, creators=CREATORS, **options)
+
+
+def create_and_fail_small(flood: Flood, **options: Any) -> list[Loop]:
+    return long_polls(flood, creators=CREATORS, error_bytes=SMALL_ERROR_BYTES, **options)
 
 
 def children(flood: Flood, *, parents: list[str], **_: Any) -> list[Loop]:
@@ -188,6 +199,7 @@ def concurrent(flood: Flood, *, concurrency: int, **_: Any) -> list[Loop]:
 FLOODS: dict[str, Callable[..., list[Loop]]] = {
     "long_polls": long_polls,
     "create_and_fail": create_and_fail,
+    "create_and_fail_small": create_and_fail_small,
     "children": children,
     "refused_plans": refused_plans,
     "concurrent": concurrent,
@@ -198,6 +210,7 @@ WITH_PARENTS = {"children", "refused_plans"}
 NOTES = {
     "long_polls": f"{FLOOD} long polls",
     "create_and_fail": f"{FLOOD} long polls failing what they claim, {CREATORS} creators",
+    "create_and_fail_small": f"the same, errors of {SMALL_ERROR_BYTES} bytes",
     "children": f"{CHILD_CREATORS} creators, `after` naming the same {{parents}} parents",
     "refused_plans": "plans of {plan} refused by a held key; "
     f"{PLAN_CREATORS} threads' plans naming {{named}} parents, one missing",

@@ -13,6 +13,7 @@ process, under way a second before the clock starts:
 * long polls only: 32 threads in `POST claim/` with `wait`, four times the long-poll cap;
 * creates and fails: the same, failing at once (`retry_in` 0, a 64 KiB error) what they claim,
   beside 2 threads creating todos (1 KiB payloads, max_attempts 25) for them;
+* the same with errors of 1 KiB, which the quota of bytes leaves uncounted;
 * children on shared parents: creates whose `after` names the same 1,000 parents, a backlog of
   pending todos in the hostile agent's queue, again and again;
 * refused plans: plans of 499 refused 409 by an idempotency key a todo it created first holds,
@@ -119,6 +120,7 @@ RUNS: dict[str, str | None] = {
     "calm": None,
     "long polls": "long_polls",
     "long polls, creates, fails": "create_and_fail",
+    "long polls, creates, fails of 1 KiB": "create_and_fail_small",
     "children on shared parents": "children",
     "refused plans": "refused_plans",
     "concurrent creates": "concurrent",

@@ -36,9 +36,11 @@ there too, at Django's cost (docs/agents.md).
 A claim that waits listens for its client's disconnect meanwhile: a client that goes away ends
 it, claiming nothing (agents/disconnects.py), as Django's handler cancels the view.
 
-Each of the `threads` keeps an unpooled database connection from one request to the next, as a
-worker does, and closes it after a database error (that request answers 503, the next one
-connects again); a connection of Django's pool goes back to the pool after each request.
+The `threads` take turns between tokens (agents/fair_threads.py): one agent's requests in
+flight do not wait in front of every other agent's next one. Each of them keeps an unpooled
+database connection from one request to the next, as a worker does, and closes it after a
+database error (that request answers 503, the next one connects again); a connection of
+Django's pool goes back to the pool after each request.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ import functools
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any, NamedTuple
 
@@ -65,6 +66,7 @@ from pydantic import ValidationError
 
 from switchboard_todos import tracing
 from switchboard_todos.agents import disconnects, request_cap, service, tokens
+from switchboard_todos.agents.fair_threads import FairThreads, tenant
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.agents.serialize import reads_database, todo_json, todos_json
 from switchboard_todos.api import problems
@@ -167,7 +169,7 @@ class AgentsAPIFirst:
     def __init__(self, application: ASGIApp, *, threads: int = 4) -> None:
         self.application = application
         self.threads = threads
-        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="switchboard-todos-api")
+        self._threads = FairThreads(threads, thread_name_prefix="switchboard-todos-api")
         self._turns = Turns()
 
     def close(self) -> None:
@@ -259,6 +261,7 @@ class AgentsAPIFirst:
                 counted.enter_context(request_cap.admitted_early(token))
             except TodoError as error:  # refused before the body is read, on no thread
                 return problems.todo_error_response(error, authorization)
+            tenant.set(token)  # its work takes turns with other tokens' on the threads
             if verb in CREATES:
                 async with self._turns.turn(token):
                     return await self._run(scope, verb, token, todo_id, receive)
