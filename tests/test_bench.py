@@ -56,6 +56,8 @@ ROWS = {
         "hostile agent (long polls): claim p99",
         "hostile agent (long polls, creates, fails): 1 agent claim + complete",
         "hostile agent (long polls, creates, fails): claim p99",
+        "hostile agent (long polls, creates, fails of 1 KiB): 1 agent claim + complete",
+        "hostile agent (long polls, creates, fails of 1 KiB): claim p99",
         "hostile agent (children on shared parents): 1 agent claim + complete",
         "hostile agent (children on shared parents): claim p99",
         "hostile agent (refused plans): 1 agent claim + complete",
