@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from switchboard_todos.admin import AdminTodoQuerySet, EstimatedCountPaginator, TodoAdmin
 from switchboard_todos.admin.filters import active_filters
 from switchboard_todos.models import BLOCKED_UNTIL, Event, State, Todo
-from tests.helpers import MakeTodo
+from tests.helpers import MakeTodo, without_ids
 
 CHANGELIST = "/admin/switchboard_todos/todo/"
 HEALTH = "/admin/switchboard_todos/todo/health/"
@@ -103,7 +103,7 @@ def test_a_pending_todo_says_what_holds_it_back(admin_client: Client, make_todo:
     assert "scheduled for" in row_of(page, scheduled)
     assert "available since" in row_of(page, due)
     assert "blocked: waits for 2 todos" in row_of(page, blocked)
-    assert "9999" not in page
+    assert "9999" not in without_ids(page)
     for todo in (scheduled, due, blocked, ready):
         assert "retry" not in row_of(page, todo)
     detail = admin_client.get(change_url(blocked)).content.decode()

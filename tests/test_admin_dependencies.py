@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from switchboard_todos.admin.colours import COLOURS
 from switchboard_todos.admin.graph import PER_LEVEL
 from switchboard_todos.models import BLOCKED_UNTIL, State, Todo
-from tests.helpers import MakeTodo
+from tests.helpers import MakeTodo, without_ids
 
 pytestmark = pytest.mark.django_db
 
@@ -67,7 +67,7 @@ def test_the_page_lists_parents_and_children_with_their_states(
     page = admin_client.get(change_url(line["report"].id)).content.decode()
     assert "Dependencies" in page and "blocked: claimable once the todos it waits for" in page
     assert "blocked: waits for 1 todo" in page  # not "year 9999"
-    assert "9999" not in page
+    assert "9999" not in without_ids(page)
     parents, children = re.findall(r'<table class="switchboard-relatives">.*?</table>', page, re.S)
     for kind, state, last in (("analyse", "done", "3 rows look fine"), ("check", "claimed", "")):
         row = re.search(rf'<tr><td><a href="[^"]+">{line[kind].id}</a></td>.*?</tr>', parents)
@@ -131,7 +131,7 @@ def test_the_blocked_filter_shows_the_todos_waiting_for_others(
     shown = {todo.pk for todo in listed.context["cl"].result_list}
     assert shown == {line[kind].id for kind in ("report", "publish", "archive")}
     page = listed.content.decode()
-    assert "blocked: waits for 1 todo" in page and "9999" not in page
+    assert "blocked: waits for 1 todo" in page and "9999" not in without_ids(page)
     waiting = admin_client.get(f"{CHANGELIST}?attention=waiting").context["cl"].result_list
     assert [todo.pk for todo in waiting] == [retrying.pk]
 
