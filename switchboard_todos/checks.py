@@ -121,6 +121,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         ("AGENT_MAX_CREATES_PER_MINUTE", "switchboard_todos.E023"),
         ("AGENT_MAX_ATTEMPTS", "switchboard_todos.E024"),
         ("AGENT_MAX_BYTES_PER_MINUTE", "switchboard_todos.E026"),
+        ("AGENT_MAX_FAILS_PER_MINUTE", "switchboard_todos.E054"),
         ("TASK_TTL_MAX", "switchboard_todos.E044"),
     ):
         errors += _whole_number(name, error_id=error_id)

@@ -80,7 +80,12 @@ DEFAULTS: dict[str, Any] = {
     # notes), unless its own row says otherwise: 600 creates of 27 KiB, or 256 errors of the
     # most that is stored of one (MAX_ERROR_BYTES).
     "AGENT_MAX_BYTES_PER_MINUTE": 16 * 1024 * 1024,
-    # The quotas a minute (creations, bytes) are paced, unless the agent's own row says
+    # Todos one remote agent may fail or release a minute, unless its own row says otherwise:
+    # each puts a todo back to be claimed again, as a creation adds one, so the default is the
+    # quota of creations. Without it, an agent failing its own todos (retry_in 0) as fast as it
+    # can claim them took nine tenths of the server from the others (docs/benchmarks.md).
+    "AGENT_MAX_FAILS_PER_MINUTE": 600,
+    # The quotas a minute (creations, bytes, fails) are paced, unless the agent's own row says
     # otherwise: at most this many seconds' worth of a minute's quota at once (and at least one
     # write's worth), refilled continuously at the quota's rate. A burst of a whole minute's
     # creations or bytes in its first second was the other agents' p99 (docs/benchmarks.md);
@@ -257,6 +262,10 @@ class Settings:
     @property
     def AGENT_MAX_BYTES_PER_MINUTE(self) -> int:
         return int(self._get("AGENT_MAX_BYTES_PER_MINUTE"))
+
+    @property
+    def AGENT_MAX_FAILS_PER_MINUTE(self) -> int:
+        return int(self._get("AGENT_MAX_FAILS_PER_MINUTE"))
 
     @property
     def AGENT_BURST_SECONDS(self) -> float:

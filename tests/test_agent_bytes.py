@@ -67,8 +67,8 @@ def a_minute_later(agent: Agent) -> None:
     clock in its row."""
     with connection.cursor() as cursor:  # now(), as count_writes reads it; Now() is the statement's
         cursor.execute(
-            "UPDATE todo_agents SET bytes_paid_until = now(), creates_paid_until = now() "
-            "WHERE id = %s",
+            "UPDATE todo_agents SET bytes_paid_until = now(), creates_paid_until = now(), "
+            "fails_paid_until = now() WHERE id = %s",
             [agent.pk],
         )
 

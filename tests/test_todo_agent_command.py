@@ -115,6 +115,7 @@ BROKER = {
     "max_held": 1000,
     "max_creates_per_minute": 30000,
     "max_bytes_per_minute": 268435456,
+    "max_fails_per_minute": 30000,
     "burst_seconds": 60,
 }
 
@@ -130,7 +131,7 @@ def test_the_broker_preset_sets_its_quotas_at_creation_and_on_an_agent() -> None
     assert quotas("celery") == BROKER
     assert Agent.objects.get(name="celery").max_attempts_limit is None
     shown = "max_held 1000, max_creates_per_minute 30000, max_attempts_limit 25 (default), "
-    shown += "max_bytes_per_minute 268435456, burst_seconds 60"
+    shown += "max_bytes_per_minute 268435456, max_fails_per_minute 30000, burst_seconds 60"
     assert lines[0].endswith(f"; {shown}.")
     assert run("list")[0].endswith(shown)
     run("create", "producer", "--create-queue", "celery")

@@ -46,6 +46,7 @@ FIELDS = [
     "max_creates_per_minute",
     "max_attempts_limit",
     "max_bytes_per_minute",
+    "max_fails_per_minute",
     "burst_seconds",
     "room_now",
     "token_prefix",
@@ -60,6 +61,7 @@ QUOTAS = [
     "max_creates_per_minute",
     "max_attempts_limit",
     "max_bytes_per_minute",
+    "max_fails_per_minute",
     "burst_seconds",
 ]
 
@@ -114,10 +116,13 @@ class AgentAdmin(RefusesNul, AgentModelAdmin):
         """What its paced quotas let it write at once now, by the database's clock."""
         if obj.pk is None:
             return "-"
-        creations, written = quotas.room(obj)
-        return gettext("%(creations)d creations, %(bytes)d bytes of JSON") % {
+        creations, written, fails = quotas.room(obj)
+        return gettext(
+            "%(creations)d creations, %(bytes)d bytes of JSON, %(fails)d fails or releases"
+        ) % {
             "creations": creations,
             "bytes": written,
+            "fails": fails,
         }
 
     def save_model(

@@ -37,6 +37,9 @@ QUOTA_PRESETS: dict[str, dict[str, int]] = {
         "max_held": 1_000,
         "max_creates_per_minute": 30_000,
         "max_bytes_per_minute": 256 * 1024 * 1024,
+        # Messages given back (ChangeMessageVisibility 0, a rejected task requeued): as many
+        # as it may send, not a tenant's share.
+        "max_fails_per_minute": 30_000,
         # The project's own producer: a minute's quotas at once, as a Celery group publishes.
         "burst_seconds": 60,
     },

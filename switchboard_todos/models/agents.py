@@ -81,6 +81,14 @@ class Agent(models.Model):
             "minute; empty: SWITCHBOARD_TODOS_AGENT_MAX_BYTES_PER_MINUTE."
         ),
     )
+    max_fails_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "Most todos it may fail or release per minute (each puts a todo back in its queue); "
+            "empty: SWITCHBOARD_TODOS_AGENT_MAX_FAILS_PER_MINUTE."
+        ),
+    )
     burst_seconds = models.PositiveSmallIntegerField(
         null=True,
         blank=True,
@@ -90,10 +98,12 @@ class Agent(models.Model):
             "SWITCHBOARD_TODOS_AGENT_BURST_SECONDS."
         ),
     )
-    #: The paced quotas (count_writes, sql/agents.sql): the time until which its creations, and
-    #: its bytes of JSON, are paid for at the quota's rate; empty or past: nothing owed.
+    #: The paced quotas (count_writes, sql/agents.sql): the time until which its creations, its
+    #: bytes of JSON and its fails and releases are paid for at the quota's rate; empty or past:
+    #: nothing owed.
     creates_paid_until = models.DateTimeField(null=True, blank=True, editable=False)
     bytes_paid_until = models.DateTimeField(null=True, blank=True, editable=False)
+    fails_paid_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "todo_agents"

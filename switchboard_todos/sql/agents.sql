@@ -35,6 +35,10 @@ SELECT * FROM found;
 -- What %(bytes)s bytes of JSON cost of a quota of %(byte_quota)s a minute.
 (%(bytes)s * 60.0 / %(byte_quota)s)::float8 * interval '1 second'
 
+-- fragment: fails_cost
+-- What %(fails)s fails or releases cost of a quota of %(fail_quota)s a minute.
+(%(fails)s * 60.0 / greatest(%(fail_quota)s, 1))::float8 * interval '1 second'
+
 -- fragment: fit_at(paid_until, cost)
 -- When a write costing `cost` fits a paced quota whose writes are paid for until `paid_until`
 -- (NULL: nothing owed): once it would leave that at most %(burst)s seconds ahead of now() (the
@@ -42,21 +46,25 @@ SELECT * FROM found;
 greatest($paid_until, now()) + $cost - greatest(%(burst)s::float8 * interval '1 second', $cost)
 
 -- name: count_writes
--- Count %(count)s creations (none, one todo, or every todo of a plan) and %(bytes)s bytes of
--- JSON against agent %(agent_id)s's quotas of %(quota)s creations and %(byte_quota)s bytes a
--- minute, paced (a GCRA): each quota's column holds the time until which the agent's writes
--- are paid for, at 60/quota seconds a creation (a byte), so that the quota refills
--- continuously at its rate; a write fits when it leaves that time at most %(burst)s seconds
--- ahead of now() (fit_at). Past either quota neither is counted. Returns whether they were
--- counted, whether the bytes fit, and the seconds until the write would fit (how long a refused
--- write should wait; 0 when it lost the room to a write that queued before it).
+-- Count %(count)s creations (none, one todo, or every todo of a plan), %(bytes)s bytes of JSON
+-- and %(fails)s fails or releases (none or one) against agent %(agent_id)s's quotas of
+-- %(quota)s creations, %(byte_quota)s bytes and %(fail_quota)s fails a minute, paced (a GCRA):
+-- each quota's column holds the time until which the agent's writes are paid for, at 60/quota
+-- seconds a creation (a byte, a fail), so that the quota refills continuously at its rate; a
+-- write fits when it leaves that time at most %(burst)s seconds ahead of now() (fit_at). Past
+-- any quota none is counted. Returns whether they were counted, the quota that refused them
+-- (bytes first, NULL when the write lost the room to one that queued before it), and the
+-- seconds until the write would fit (how long a refused write should wait; 0 when it lost).
 -- The writes of one agent that fit wait on its row in turn; one its quotas refuse as this
 -- statement's snapshot sees them (they only fill up meanwhile) is refused at once, with no
 -- lock: a flood of an agent's writes past its quotas does not queue on its row.
 WITH seen AS (
     SELECT id,
-           {{fit_at(creates_paid_until, {{creates_cost}})}} AS creates_fit_at,
-           {{fit_at(bytes_paid_until, {{bytes_cost}})}} AS bytes_fit_at
+           CASE WHEN %(count)s > 0
+                THEN {{fit_at(creates_paid_until, {{creates_cost}})}} END AS creates_fit_at,
+           {{fit_at(bytes_paid_until, {{bytes_cost}})}} AS bytes_fit_at,
+           CASE WHEN %(fails)s > 0
+                THEN {{fit_at(fails_paid_until, {{fails_cost}})}} END AS fails_fit_at
       FROM todo_agents
      WHERE id = %(agent_id)s
 ),
@@ -66,39 +74,52 @@ agent AS (
     -- before may have taken: then no row.
     SELECT id,
            greatest(creates_paid_until, now()) + {{creates_cost}} AS creates_paid,
-           greatest(bytes_paid_until, now()) + {{bytes_cost}} AS bytes_paid
+           greatest(bytes_paid_until, now()) + {{bytes_cost}} AS bytes_paid,
+           greatest(fails_paid_until, now()) + {{fails_cost}} AS fails_paid
       FROM todo_agents
      WHERE id = %(agent_id)s
        AND (%(count)s = 0 OR {{fit_at(creates_paid_until, {{creates_cost}})}} <= now())
        AND {{fit_at(bytes_paid_until, {{bytes_cost}})}} <= now()
+       AND (%(fails)s = 0 OR {{fit_at(fails_paid_until, {{fails_cost}})}} <= now())
        FOR NO KEY UPDATE
 ),
 counted AS (
 UPDATE todo_agents
    SET creates_paid_until = agent.creates_paid,
-       bytes_paid_until = agent.bytes_paid
+       bytes_paid_until = agent.bytes_paid,
+       fails_paid_until = agent.fails_paid
   FROM agent
  WHERE todo_agents.id = agent.id
 RETURNING todo_agents.id
 )
 SELECT EXISTS (SELECT FROM counted) AS counted,
-       %(count)s > 0 AND bytes_fit_at <= now() AS bytes_fit,
+       CASE WHEN bytes_fit_at > now() THEN 'bytes'
+            WHEN creates_fit_at > now() THEN 'creations'
+            WHEN fails_fit_at > now() THEN 'fails' END AS refused_by,
        coalesce(extract(epoch FROM greatest(
-           CASE WHEN %(count)s > 0 AND creates_fit_at > now() THEN creates_fit_at END,
-           CASE WHEN bytes_fit_at > now() THEN bytes_fit_at END) - now())::float8, 0) AS wait
+           CASE WHEN creates_fit_at > now() THEN creates_fit_at END,
+           CASE WHEN bytes_fit_at > now() THEN bytes_fit_at END,
+           CASE WHEN fails_fit_at > now() THEN fails_fit_at END) - now())::float8, 0) AS wait
   FROM seen;
 
 -- name: paced_room
 -- What agent %(agent_id)s may write at once now, by the database's clock (the admin's agent
--- page): the creations and bytes of JSON its paced quotas (count_writes) have room for.
-SELECT floor(greatest(0, greatest(%(burst)s::float8, 60.0 / %(quota)s)
-                         - extract(epoch FROM greatest(creates_paid_until - now(), interval '0')))
-             * %(quota)s / 60.0)::bigint AS creations,
+-- page): the creations, bytes of JSON and fails or releases its paced quotas (count_writes)
+-- have room for.
+SELECT {{paced_writes(creates_paid_until, %(quota)s)}} AS creations,
        floor(greatest(0, %(burst)s::float8
                          - extract(epoch FROM greatest(bytes_paid_until - now(), interval '0')))
-             * %(byte_quota)s / 60.0)::bigint AS bytes
+             * %(byte_quota)s / 60.0)::bigint AS bytes,
+       {{paced_writes(fails_paid_until, %(fail_quota)s)}} AS fails
   FROM todo_agents
  WHERE id = %(agent_id)s;
+
+-- fragment: paced_writes(paid_until, quota)
+-- How many writes, of a paced quota of `quota` a minute whose writes are paid for until
+-- `paid_until`, fit at once now: the burst's worth (at least one write's) less what is owed.
+floor(greatest(0, greatest(%(burst)s::float8, 60.0 / $quota)
+                  - extract(epoch FROM greatest($paid_until - now(), interval '0')))
+      * $quota / 60.0)::bigint
 
 -- name: held
 -- How many todos %(owner)s holds (claimed, expired or not, until the reaper or another claim

@@ -63,7 +63,8 @@ def complete(
 
 
 def fail(agent: Agent, todo_id: str, error: Any = None, retry_in: Seconds | None = None) -> Todo:
-    """Record a failed attempt: retried after a backoff (or `retry_in`), dead letter at the cap."""
+    """Record a failed attempt: retried after a backoff (or `retry_in`), dead letter at the cap.
+    Counted against the agent's quota of fails a minute first."""
     checked = validation.arguments(error=error, retry_in=retry_in)
     text = _checked(checked["error"])
     return _as_holder(
@@ -77,14 +78,16 @@ def fail(agent: Agent, todo_id: str, error: Any = None, retry_in: Seconds | None
             checked["retry_in"],
             credential=identity.credential(agent, todos.db),
         ),
+        puts_back=True,
     )
 
 
 def release(
     agent: Agent, todo_id: str, delay: Seconds | None = None, *, receipt: Receipt | None = None
 ) -> Todo:
-    """Give the lease back, claimable again after `delay`; the attempt is not counted. With a
-    `receipt`, only under that claim."""
+    """Give the lease back, claimable again after `delay`; the attempt is not counted, the
+    release is (against the agent's quota of fails and releases a minute). With a `receipt`,
+    only under that claim."""
     return _as_holder(
         agent,
         todo_id,
@@ -96,6 +99,7 @@ def release(
             receipt=receipt,
             credential=identity.credential(agent, todos.db),
         ),
+        puts_back=True,
     )
 
 
@@ -109,17 +113,24 @@ def _as_holder(
     todo_id: str,
     written: str | None,
     transition: Callable[[TodoManager, str], Todo],
+    *,
+    puts_back: bool = False,
 ) -> Todo:
     """Run a holder's transition, once the JSON it writes (`written`) is counted against the
-    agent's quota of bytes (quotas.count_bytes; counted, whatever the transition answers); a
-    conflict over a todo the agent may not see is a 404. The transition's statement checks the
-    agent's credential (identity.credential): when it acted on nothing, the credential is
-    checked before the miss is explained, so a revoked agent learns that first.
+    agent's quota of bytes, and a transition that `puts_back` the todo (a fail, a release)
+    against its quota of those (quotas.count_bytes, count_fail; counted, whatever the
+    transition answers); a conflict over a todo the agent may not see is a 404. The
+    transition's statement checks the agent's credential (identity.credential): when it acted
+    on nothing, the credential is checked before the miss is explained, so a revoked agent
+    learns that first.
 
     With several databases, the todo is first looked for (one query per database).
     """
     checked = visibility.todo_id(todo_id)
-    quotas.count_bytes(agent, written)
+    if puts_back:
+        quotas.count_fail(agent, written)
+    else:
+        quotas.count_bytes(agent, written)
     aliases = visibility.databases(agent)
     if len(aliases) > 1:
         found = [

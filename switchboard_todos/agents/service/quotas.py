@@ -1,12 +1,12 @@
 """An agent's quotas: the todos it may hold at once, the todos it may create a minute, the
-bytes of JSON it may write a minute, and the attempts a todo it creates may have. Each is its
-Agent field, else the project's setting.
+bytes of JSON it may write a minute, the todos it may fail or release a minute, and the
+attempts a todo it creates may have. Each is its Agent field, else the project's setting.
 
 The quotas a minute are paced: at most `burst_seconds`' worth of a minute's quota at once,
 refilled continuously, so that a hostile agent cannot spend its minute in the first second.
-A claim past `max_held`, and a write past `max_creates_per_minute` or `max_bytes_per_minute`,
-are Throttled, with the time until there is room again; a `max_attempts` above the limit is
-InvalidTodo, as waiting would never make it acceptable.
+A claim past `max_held`, and a write past `max_creates_per_minute`, `max_bytes_per_minute` or
+`max_fails_per_minute`, are Throttled, with the time until there is room again; a
+`max_attempts` above the limit is InvalidTodo, as waiting would never make it acceptable.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def count_creates(agent: Agent, count: int, size: int) -> None:
             f"{agent.name!r} may create in a minute (max_creates_per_minute {quota}): make it "
             "smaller; nothing was created."
         )
-    wait = _count(agent, count, quota, size)
+    wait = _count(agent, size, count=count, quota=quota)
     if wait is not None:
         wait = _turn(agent, "creations", wait, count * 60 / quota)
         what = "a todo" if count == 1 else f"{count} creations"
@@ -90,11 +90,27 @@ def count_creates(agent: Agent, count: int, size: int) -> None:
 
 
 def count_bytes(agent: Agent, text: str | None) -> None:
-    """Count the JSON `text` a complete, fail or heartbeat writes against the agent's quota of
-    bytes a minute, as count_creates does; at most UNCOUNTED_BYTES of it is not counted."""
+    """Count the JSON `text` a complete or heartbeat writes against the agent's quota of bytes a
+    minute, as count_creates does; at most UNCOUNTED_BYTES of it is not counted."""
+    size = _counted_size(text)
+    if size:
+        _count(agent, size)
+
+
+def count_fail(agent: Agent, text: str | None) -> None:
+    """Count a fail or release against the agent's paced quota of them a minute, and the JSON
+    `text` it writes (the error) against its quota of bytes, as count_bytes does: Throttled,
+    and nothing counted, past either. Each puts a todo back to be claimed again: without a
+    quota, an agent failing its own todos as fast as it claims them took the server's time
+    from every other agent, whatever its quota of bytes."""
+    _count(agent, _counted_size(text), fails=1)
+
+
+def _counted_size(text: str | None) -> int:
+    """The bytes of a holder's JSON `text` the quota of bytes counts: none up to
+    UNCOUNTED_BYTES, all of them past it."""
     size = 0 if text is None else validation.json_bytes(text)
-    if size > UNCOUNTED_BYTES:
-        _count(agent, 0, 0, size)
+    return size if size > UNCOUNTED_BYTES else 0
 
 
 def burst_seconds(agent: Agent) -> float:
@@ -104,8 +120,9 @@ def burst_seconds(agent: Agent) -> float:
     return conf.AGENT_BURST_SECONDS if own is None else float(own)
 
 
-def room(agent: Agent) -> tuple[int, int]:
-    """The creations and bytes of JSON the agent may write at once now (paced_room)."""
+def room(agent: Agent) -> tuple[int, int, int]:
+    """The creations, bytes of JSON and fails or releases the agent may write at once now
+    (paced_room)."""
     with cursors.cursor(connections[router.db_for_read(Agent)]) as cursor:
         cursor.execute(
             agent_queries["paced_room"],
@@ -113,17 +130,22 @@ def room(agent: Agent) -> tuple[int, int]:
                 "agent_id": agent.pk,
                 "quota": _quota(agent.max_creates_per_minute, conf.AGENT_MAX_CREATES_PER_MINUTE),
                 "byte_quota": _quota(agent.max_bytes_per_minute, conf.AGENT_MAX_BYTES_PER_MINUTE),
+                "fail_quota": _fail_quota(agent),
                 "burst": burst_seconds(agent),
             },
         )
         row = cursor.fetchone()
-    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+    return (0, 0, 0) if row is None else (int(row[0]), int(row[1]), int(row[2]))
 
 
-def _count(agent: Agent, count: int, quota: int, size: int) -> float | None:
+def _count(
+    agent: Agent, size: int, *, count: int = 0, quota: int = 0, fails: int = 0
+) -> float | None:
     """Run count_writes: None once counted; Throttled past the quota of bytes (InvalidTodo
-    for more than all of it); past the creations' quota, the seconds until the write fits."""
+    for more than all of it) or of fails; past the creations' quota, the seconds until the
+    write fits."""
     byte_quota = _quota(agent.max_bytes_per_minute, conf.AGENT_MAX_BYTES_PER_MINUTE)
+    fail_quota = _fail_quota(agent)
     if size > byte_quota:
         raise InvalidTodo(
             f"{size} bytes of JSON are more than agent {agent.name!r} may write in a minute "
@@ -138,16 +160,20 @@ def _count(agent: Agent, count: int, quota: int, size: int) -> float | None:
                 "quota": quota,
                 "bytes": size,
                 "byte_quota": byte_quota,
+                "fails": fails,
+                "fail_quota": fail_quota,
                 "burst": burst_seconds(agent),
             },
         )
         row = cursor.fetchone()
     if row is None:
         raise NotAuthenticated("Unknown token.")  # the agent was deleted since the request began
-    counted, bytes_fit, wait = row
+    counted, refused_by, wait = row
     if counted:
         return None
-    if not bytes_fit:
+    # A write that lost the room to one queued before it: its own quota's turn.
+    refused_by = refused_by or ("creations" if count else "fails" if fails else "bytes")
+    if refused_by == "bytes":
         wait = _turn(agent, "bytes", wait, size * 60 / byte_quota)
         raise _throttled(
             f"Agent {agent.name!r} has no room for {size} more bytes now: its quota of "
@@ -155,7 +181,20 @@ def _count(agent: Agent, count: int, quota: int, size: int) -> float | None:
             f"{_burst_text(agent)} seconds' worth at once; nothing was written.",
             wait,
         )
+    if refused_by == "fails":
+        wait = _turn(agent, "fails", wait, 60 / fail_quota)
+        raise _throttled(
+            f"Agent {agent.name!r} has no room to fail or release a todo now: its quota of "
+            f"{fail_quota} a minute (max_fails_per_minute) is paced, at most "
+            f"{_burst_text(agent)} seconds' worth at once; nothing was written (a todo it "
+            "holds stays held until its lease ends).",
+            wait,
+        )
     return float(wait)
+
+
+def _fail_quota(agent: Agent) -> int:
+    return _quota(agent.max_fails_per_minute, conf.AGENT_MAX_FAILS_PER_MINUTE)
 
 
 #: The turn this process last told a refused write of each agent (by its token's hash: a new

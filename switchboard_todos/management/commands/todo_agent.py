@@ -231,6 +231,11 @@ QUOTAS = {
         "AGENT_MAX_BYTES_PER_MINUTE",
         "bytes of JSON it may write per minute",
     ),
+    "--max-fails-per-minute": (
+        "max_fails_per_minute",
+        "AGENT_MAX_FAILS_PER_MINUTE",
+        "todos it may fail or release per minute",
+    ),
     "--burst-seconds": (
         "burst_seconds",
         "AGENT_BURST_SECONDS",
@@ -239,8 +244,8 @@ QUOTAS = {
 }
 DEFAULT = "default"
 #: Quotas shown only where the agent has its own: the line of every agent would otherwise end in
-#: the same long number of bytes.
-SHOWN_WHEN_SET = {"max_bytes_per_minute", "burst_seconds"}
+#: the same long number of bytes, and the same fails.
+SHOWN_WHEN_SET = {"max_bytes_per_minute", "max_fails_per_minute", "burst_seconds"}
 #: The most seconds' worth of a minute's quotas an agent may spend at once: the whole minute.
 MAX_BURST_SECONDS = 60
 
