@@ -227,7 +227,9 @@ def options(bench: Bench, name: str, wait: float) -> dict[str, Any]:
 
     from switchboard_todos.models import Agent
 
-    Agent.objects.filter(name=HOSTILE).update(creates_paid_until=None, bytes_paid_until=None)
+    Agent.objects.filter(name=HOSTILE).update(
+        creates_paid_until=None, bytes_paid_until=None, fails_paid_until=None
+    )
     chosen: dict[str, Any] = {
         "wait": wait,
         "plan": bench.size(full=499, smoke=50),
@@ -255,7 +257,8 @@ def note(name: str, chosen: dict[str, Any]) -> str:
 
 def flood(child: Child, *, base: str, token: str, name: str, warm_up: float, **chosen: Any) -> Any:
     """Run flood `name` until the well-behaved agents are done, under way `warm_up` seconds
-    before their clock starts; how many requests ended how."""
+    before their clock starts; how many requests ended how, and the CPU seconds the flood's own
+    process used while the clock ran (on this machine the clients share the server's CPUs)."""
     flooding = Flood(child, base, token)
     threads = [
         threading.Thread(target=target, daemon=True) for target in FLOODS[name](flooding, **chosen)
@@ -264,9 +267,11 @@ def flood(child: Child, *, base: str, token: str, name: str, warm_up: float, **c
         thread.start()
     time.sleep(warm_up)  # under way before the clock starts: the flood, not its first second
     child.start()
+    used = time.process_time()
     child.stop.wait()
+    used = time.process_time() - used
     # Each request ends soon after the run (a long poll with its wait, at the latest): none is
     # left to a later run.
     for thread in threads:
         thread.join(chosen["wait"] + 30)
-    return flooding.answers
+    return flooding.answers, used

@@ -163,9 +163,11 @@ def drain(
     said = f"{name}: {done / seconds:,.0f} todos/s, claim p99 {p99:.1f} ms; WAL "
     said += f"{written / 2**20:,.0f} MiB; the others waited out {dict(refused) or 'nothing'}"
     if flood:
+        answers, used = results[-1]
         said += "; the hostile agent's answers: " + ", ".join(
-            f"{what} x{count:,}" for what, count in sorted(results[-1].items())
+            f"{what} x{count:,}" for what, count in sorted(answers.items())
         )
+        said += f"; its own process used {used / seconds:.0%} of a CPU"
     print(f"  ({said})", flush=True)
     return (done / seconds, p99), floods.note(flood["name"], flood) if flood else ""
 
