@@ -13,8 +13,8 @@ at MAX_REQUESTS requests, or MAX_SECONDS after it began, whichever comes first.
   max_attempts its quota allows) for the long polls to claim and fail until their attempts are
   used up;
 * `create_and_fail_small`: the same with errors of SMALL_ERROR_BYTES, of which the default
-  quota of bytes (16 MiB a minute) lets 16,000 through a minute: the fails go at the pace of
-  the requests;
+  quota of bytes (16 MiB a minute) would let 16,000 through a minute: the quota of fails (600 a
+  minute) is what holds them;
 * `children`: CHILD_CREATORS threads creating todos whose `after` names the same parents (as
   many as the API allows, MAX_PARENTS) again and again: a producer's backlog of pending todos
   in the hostile agent's queue, which it may see (and which it could not create itself, at 600
