@@ -216,3 +216,48 @@ def test_past_the_cap_each_surface_answers_in_its_own_words(
     assert "requests in flight" in listed[-1].json()["detail"]
     assert probes == [("throttled", [])] * 3
     assert Todo.objects.filter(queue="flood", state=State.PENDING).count() == 3
+
+
+def test_an_agents_fails_take_their_turns_while_its_row_is_held(
+    start_server: Callable[..., str],
+) -> None:
+    """A fail counts against the agent's quota on its row, which a create of the agent holds
+    until it commits. CAP fails of one token at once, while the row is held: one queues on the
+    row, holding a thread and a connection, the others wait their turn on the event loop holding
+    neither, and the calm agent claims and completes every one of its todos meanwhile. Waiting
+    on the row on the API's threads, the fails took all of them, and the calm agent waited for
+    the row too."""
+    hostile, token, calm = agents()
+    Todo.objects.enqueue_many({"queue": "flood", "kind": "k"} for _ in range(CAP))
+    held = [todo.id for todo in Todo.objects.claim_batch(["flood"], "hostile", 600, CAP)]
+    connections.close_all()
+    base = start_server(
+        DATABASE_POOL_SIZE=str(POOL), SWITCHBOARD_TODOS_AGENT_MAX_CONCURRENT=str(CAP)
+    )
+    seen_now(base, token)
+    statuses: list[int] = []
+    calm_statuses: list[list[tuple[int, int]]] = []
+    queued: list[int] = []
+
+    def fail(todo_id: str) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=f"{base}/api", headers=headers, timeout=PATIENCE * 2) as client:
+            statuses.append(client.post(f"/todos/{todo_id}/fail/", json={"error": "e"}).status_code)
+
+    fails = [threading.Thread(target=fail, args=(todo_id,)) for todo_id in held]
+    with row_held(hostile):
+        for thread in fails:
+            thread.start()
+        until(lambda: queued_on_locks() >= 1, "a fail queueing on the row")
+        calm_agent = threading.Thread(target=lambda: calm_statuses.append(calm_work(base, calm)))
+        calm_agent.start()
+        calm_agent.join(PATIENCE)
+        worked_meanwhile = not calm_agent.is_alive()
+        queued.append(queued_on_locks())
+        assert not statuses  # every fail still waits for the row, or its turn
+    for thread in [*fails, calm_agent]:
+        thread.join(PATIENCE)
+    assert worked_meanwhile and queued == [1], queued
+    assert calm_statuses == [[(200, 200)] * CALM_TODOS]
+    assert statuses == [200] * CAP
+    assert Todo.objects.filter(queue="flood", state=State.PENDING).count() == CAP

@@ -15,10 +15,11 @@ The token comes first. A verb's request without a well-formed bearer token is an
 before its body is even read. Every request of the API with a token, the verbs' and those
 passed on to Django alike, is counted among its agent's requests in flight
 (agents/request_cap.py) on the event loop, before its token is looked up: past the cap it is
-answered 429 there, holding no thread and no connection. An agent's creates and plans take
-their turns here, one at a time per token (`Turns`): each would wait on the agent's row for the
-one before it (its quotas count every write there), and waiting there it held a thread and a
-connection, and one agent's burst took every thread. A verb's body is read on the event loop
+answered 429 there, holding no thread and no connection. An agent's creates, plans, fails and
+releases take their turns here, one at a time per token (`Turns`): each would wait on the
+agent's row for the one before it (its quotas count every one there, and a create holds the row
+until it commits), and waiting there it held a thread and a connection, and one agent's burst
+took every thread. A verb's body is read on the event loop
 (I/O only, at most DATA_UPLOAD_MAX_MEMORY_SIZE kept) and parsed on the thread, only once the
 token was found: no body, whatever its size, is parsed on the event loop, where it would hold up
 every long poll this process serves, and no anonymous body is parsed at all.
@@ -124,6 +125,9 @@ CLAIM = "claim"
 #: The creates answered here, by route name (api/views.py): a todo (a POST to the list's route,
 #: `todos/`) and a plan (`todos/batch/`), and the body's schema of each.
 CREATES: dict[str, type[Request]] = {"todos": CreateIn, "create_many": PlanIn}
+#: The verbs counted on the agent's row every time (agents/service/quotas.py): its creates and
+#: plans, its fails and releases. They take their turns per token on the event loop (`Turns`).
+COUNTED_ON_THE_AGENTS_ROW = {*CREATES, "fail", "release"}
 
 
 class Aborted(Exception):
@@ -262,7 +266,7 @@ class AgentsAPIFirst:
             except TodoError as error:  # refused before the body is read, on no thread
                 return problems.todo_error_response(error, authorization)
             tenant.set(token)  # its work takes turns with other tokens' on the threads
-            if verb in CREATES:
+            if verb in COUNTED_ON_THE_AGENTS_ROW:
                 async with self._turns.turn(token):
                     return await self._run(scope, verb, token, todo_id, receive)
             return await self._run(scope, verb, token, todo_id, receive)

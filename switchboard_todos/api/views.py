@@ -281,7 +281,8 @@ def complete(request: HttpRequest, todo_id: TodoId, body: CompleteIn | None = No
 
 @api.post("/todos/{todo_id}/fail/", response=ONE)
 def fail(request: HttpRequest, todo_id: TodoId, body: FailIn | None = None) -> HttpResponse:
-    """Report a failed attempt: retried after a backoff, dead-lettered at the cap."""
+    """Report a failed attempt: retried after a backoff, dead-lettered at the cap. Counts
+    against your quota of fails and releases a minute (429 past it: the todo stays held)."""
     body = body or FailIn()
     todo = service.fail(agent_of(request), todo_id, body.error, body.retry_in)
     return todo_response(todo)
@@ -289,5 +290,6 @@ def fail(request: HttpRequest, todo_id: TodoId, body: FailIn | None = None) -> H
 
 @api.post("/todos/{todo_id}/release/", response=ONE)
 def release(request: HttpRequest, todo_id: TodoId, body: ReleaseIn | None = None) -> HttpResponse:
-    """Give the todo back without using up an attempt."""
+    """Give the todo back without using up an attempt. Counts against your quota of fails and
+    releases a minute (429 past it: the todo stays held)."""
     return todo_response(service.release(agent_of(request), todo_id, (body or ReleaseIn()).delay))

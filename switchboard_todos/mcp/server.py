@@ -369,7 +369,8 @@ class Tools:
         (pending again after a backoff, by you or another agent), or becomes a dead letter
         (state "failed") when it has used its last attempt. Use `release` instead when you did
         not try it (shutting down, not your kind of work). Errors: conflict or not found
-        means the lease was already lost: nothing to do."""
+        means the lease was already lost: nothing to do; throttled means your quota of fails
+        and releases a minute is spent: the todo stays yours, try again when it says."""
         return await self._run(lambda agent: _todo(service.afail(agent, todo_id, error, retry_in)))
 
     async def release(
@@ -383,7 +384,8 @@ class Tools:
         """Hand back a todo you hold without counting an attempt: it is pending again (after
         `delay` seconds) for any agent. Use it when you stop before trying the work, e.g. you
         are shutting down or cannot handle it. Errors: conflict or not found means the lease
-        was already lost: nothing to do."""
+        was already lost: nothing to do; throttled means your quota of fails and releases a
+        minute is spent: the todo stays yours, try again when it says."""
         return await self._run(lambda agent: _todo(service.arelease(agent, todo_id, delay)))
 
     async def get_todo(self, todo_id: TodoId) -> Annotated[CallToolResult, TodoJSON]:
