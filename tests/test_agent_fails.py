@@ -113,6 +113,24 @@ def test_the_debt_is_a_fails_share_of_the_minute_by_the_database_clock(
 
 
 @pytest.mark.django_db
+def test_an_agent_owing_bytes_may_still_fail_with_a_small_error(make_todo: MakeTodo) -> None:
+    """A quota the fail adds nothing to does not stop it: a small error is not counted in
+    bytes, so the bytes the agent owes (an hour's, after one write larger than its burst) do
+    not refuse it; a larger error is refused by them."""
+    agent = failer("f")[0]
+    first, second = held(make_todo, "f", 2)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE todo_agents SET bytes_paid_until = now() + interval '1 hour' WHERE id = %s",
+            [agent.pk],
+        )
+    assert service.fail(agent, first.id, "e" * 500).state == State.PENDING
+    with pytest.raises(Throttled, match="more bytes"):
+        service.fail(agent, second.id, "e" * 2000)
+    assert failed(agent) == 1
+
+
+@pytest.mark.django_db
 def test_a_fail_of_a_todo_the_agent_does_not_hold_counts_too(make_todo: MakeTodo) -> None:
     """A flood of fails of made-up or others' todos is no cheaper than one of its own."""
     agent = failer("f")[0]

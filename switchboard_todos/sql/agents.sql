@@ -52,7 +52,8 @@ greatest($paid_until, now()) + $cost - greatest(%(burst)s::float8 * interval '1 
 -- each quota's column holds the time until which the agent's writes are paid for, at 60/quota
 -- seconds a creation (a byte, a fail), so that the quota refills continuously at its rate; a
 -- write fits when it leaves that time at most %(burst)s seconds ahead of now() (fit_at). Past
--- any quota none is counted. Returns whether they were counted, the quota that refused them
+-- any quota none is counted; a quota the write adds nothing to does not stop it (a small error
+-- while the agent owes bytes). Returns whether they were counted, the quota that refused them
 -- (bytes first, NULL when the write lost the room to one that queued before it), and the
 -- seconds until the write would fit (how long a refused write should wait; 0 when it lost).
 -- The writes of one agent that fit wait on its row in turn; one its quotas refuse as this
@@ -62,7 +63,8 @@ WITH seen AS (
     SELECT id,
            CASE WHEN %(count)s > 0
                 THEN {{fit_at(creates_paid_until, {{creates_cost}})}} END AS creates_fit_at,
-           {{fit_at(bytes_paid_until, {{bytes_cost}})}} AS bytes_fit_at,
+           CASE WHEN %(bytes)s > 0
+                THEN {{fit_at(bytes_paid_until, {{bytes_cost}})}} END AS bytes_fit_at,
            CASE WHEN %(fails)s > 0
                 THEN {{fit_at(fails_paid_until, {{fails_cost}})}} END AS fails_fit_at
       FROM todo_agents
@@ -79,7 +81,7 @@ agent AS (
       FROM todo_agents
      WHERE id = %(agent_id)s
        AND (%(count)s = 0 OR {{fit_at(creates_paid_until, {{creates_cost}})}} <= now())
-       AND {{fit_at(bytes_paid_until, {{bytes_cost}})}} <= now()
+       AND (%(bytes)s = 0 OR {{fit_at(bytes_paid_until, {{bytes_cost}})}} <= now())
        AND (%(fails)s = 0 OR {{fit_at(fails_paid_until, {{fails_cost}})}} <= now())
        FOR NO KEY UPDATE
 ),
