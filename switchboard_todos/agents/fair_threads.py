@@ -14,11 +14,12 @@ agent, first come, first served.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
+
+from switchboard_todos.lanes import Lanes
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,8 +41,8 @@ class FairThreads(Executor):
         self.threads = threads
         self._prefix = thread_name_prefix
         self._condition = threading.Condition()
-        #: Each tenant's waiting work, in the order the tenants are next served.
-        self._waiting: dict[str, deque[_Work]] = {}
+        #: Each tenant's waiting work, taken in turns.
+        self._waiting: Lanes[_Work] = Lanes()
         self._started: list[threading.Thread] = []
         self._shutdown = False
 
@@ -52,7 +53,7 @@ class FairThreads(Executor):
                 raise RuntimeError("cannot schedule new work after shutdown")
             if not self._started:
                 self._start()
-            self._waiting.setdefault(tenant.get(), deque()).append((future, fn, args, kwargs))
+            self._waiting.put(tenant.get(), (future, fn, args, kwargs))
             self._condition.notify()
         return future
 
@@ -62,10 +63,8 @@ class FairThreads(Executor):
         with self._condition:
             self._shutdown = True
             if cancel_futures:
-                for works in self._waiting.values():
-                    for future, *_ in works:
-                        future.cancel()
-                self._waiting.clear()
+                for future, *_ in self._waiting.clear():
+                    future.cancel()
             self._condition.notify_all()
         if wait:
             for thread in self._started:
@@ -87,12 +86,7 @@ class FairThreads(Executor):
                 if self._shutdown:
                     return None
                 self._condition.wait()
-            who, works = next(iter(self._waiting.items()))
-            work = works.popleft()
-            del self._waiting[who]
-            if works:
-                self._waiting[who] = works
-            return work
+            return self._waiting.take()
 
     def _serve(self) -> None:
         while (work := self._next()) is not None:

@@ -45,7 +45,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -53,6 +53,7 @@ from typing import Any, ParamSpec, TypeVar
 from django.db import connections
 
 from switchboard_todos.claims import listen
+from switchboard_todos.lanes import Lanes
 
 logger = logging.getLogger("switchboard_todos.long_polls")
 
@@ -316,8 +317,8 @@ class ClaimThreads:
         self._size = size
         self._linger = linger
         self._condition = threading.Condition()
-        #: Claims waiting for a thread, by owner; the owner first in line goes next.
-        self._queued: dict[str, deque[Job]] = {}
+        #: Claims waiting for a thread, by owner, taken in turns.
+        self._queued: Lanes[Job] = Lanes()
         self._waiting_jobs = 0
         #: Threads taking claims, and how many of them wait for one.
         self._threads: list[threading.Thread] = []
@@ -340,7 +341,7 @@ class ClaimThreads:
     def _queue(self, owner: str, call: Callable[[], R]) -> concurrent.futures.Future[R]:
         future: concurrent.futures.Future[R] = concurrent.futures.Future()
         with self._condition:
-            self._queued.setdefault(owner, deque()).append((future, call))
+            self._queued.put(owner, (future, call))
             self._waiting_jobs += 1
             if self._idle:
                 self._condition.notify()
@@ -395,13 +396,8 @@ class ClaimThreads:
                 self._idle += 1
                 woken = self._condition.wait(self._linger)
                 self._idle -= 1
-            owner = next(iter(self._queued))
-            jobs = self._queued.pop(owner)
-            job = jobs.popleft()
-            if jobs:
-                self._queued[owner] = jobs  # behind the other owners now
             self._waiting_jobs -= 1
-            return job
+            return self._queued.take()
 
 
 async def cancellable_claim(owner: str, claim: Awaitable[R], give_back: Callable[[R], object]) -> R:

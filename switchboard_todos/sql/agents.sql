@@ -109,9 +109,7 @@ SELECT EXISTS (SELECT FROM counted) AS counted,
 -- page): the creations, bytes of JSON and fails or releases its paced quotas (count_writes)
 -- have room for.
 SELECT {{paced_writes(creates_paid_until, %(quota)s)}} AS creations,
-       floor(greatest(0, %(burst)s::float8
-                         - extract(epoch FROM greatest(bytes_paid_until - now(), interval '0')))
-             * %(byte_quota)s / 60.0)::bigint AS bytes,
+       {{paced_writes(bytes_paid_until, %(byte_quota)s)}} AS bytes,
        {{paced_writes(fails_paid_until, %(fail_quota)s)}} AS fails
   FROM todo_agents
  WHERE id = %(agent_id)s;
