@@ -109,3 +109,61 @@ def test_shutdown_finishes_what_waits_or_cancels_it() -> None:
 def test_at_least_one_thread() -> None:
     with pytest.raises(ValueError, match="at least one thread"):
         FairThreads(0, thread_name_prefix="test-fair")
+
+
+def test_a_thread_idle_for_its_linger_calls_when_idle_once() -> None:
+    """The API gives a thread's kept connection back to the pool there (api/asgi.py)."""
+    idle: list[str] = []
+    went_idle = threading.Event()
+
+    def when_idle() -> None:
+        idle.append(threading.current_thread().name)
+        went_idle.set()
+
+    threads = FairThreads(1, thread_name_prefix="test-fair", when_idle=when_idle, linger=0.01)
+    try:
+        assert submitted_as(threads, "a", lambda: 1).result(10) == 1
+        assert went_idle.wait(10)
+        went_idle.clear()
+        # Once per stretch of work: a thread already idle waits for work, not for its linger.
+        assert not went_idle.wait(0.2)
+        assert submitted_as(threads, "a", lambda: 2).result(10) == 2
+        assert went_idle.wait(10)
+        assert idle == ["test-fair_0", "test-fair_0"]
+    finally:
+        threads.shutdown()
+
+
+def test_work_that_keeps_coming_within_the_linger_keeps_the_thread_busy() -> None:
+    idle: list[int] = []
+    # A linger far longer than this test: each work here comes well within it.
+    threads = FairThreads(
+        1, thread_name_prefix="test-fair", when_idle=lambda: idle.append(1), linger=60
+    )
+    try:
+        for n in range(20):
+            assert submitted_as(threads, "a", partial(int, n)).result(10) == n
+        assert idle == []
+    finally:
+        threads.shutdown()
+    # Shut down, the thread ends without calling it: whoever shuts down closes what it keeps.
+    assert idle == []
+
+
+def test_a_failing_when_idle_is_logged_and_the_thread_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failed = threading.Event()
+
+    def when_idle() -> None:
+        failed.set()
+        raise RuntimeError("the pool is gone")
+
+    threads = FairThreads(1, thread_name_prefix="test-fair", when_idle=when_idle, linger=0.01)
+    try:
+        submitted_as(threads, "a", lambda: None).result(10)
+        assert failed.wait(10)
+        assert submitted_as(threads, "a", lambda: "still serving").result(10) == "still serving"
+    finally:
+        threads.shutdown()
+    assert "when_idle failed" in caplog.text and "the pool is gone" in caplog.text

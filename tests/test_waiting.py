@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
+from switchboard_todos.claims import long_polls
 from switchboard_todos.claims.long_polls import ClaimThreads, Waiter, Waiters
 from tests.helpers import wait_until
 
@@ -160,6 +161,29 @@ def test_an_error_reaches_the_caller(threads: ClaimThreads) -> None:
 
     with pytest.raises(ValueError, match="boom"):
         asyncio.run(threads.run("a", fails))
+
+
+def test_a_claim_thread_gives_its_pooled_connection_back_once_idle(
+    threads: ClaimThreads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept from one claim to the next (closed only if a database error left it unusable, or
+    given back if another thread waits for the pool), and given back once the thread has had
+    no claim for KEEP_WHILE_IDLE seconds: once, and the thread goes on (thread_connections.py)."""
+    calls: list[str] = []
+    gave_back = threading.Event()
+
+    def give_back() -> None:
+        calls.append("give back")
+        gave_back.set()
+
+    monkeypatch.setattr(long_polls, "keep_connections", lambda: calls.append("keep"))
+    monkeypatch.setattr(long_polls, "finish_with_connections", give_back)
+    for number in range(2):
+        assert asyncio.run(threads.run("a", lambda: "claimed")) == "claimed"
+        assert gave_back.wait(10)
+        gave_back.clear()
+        assert not gave_back.wait(0.3)  # an idle thread gives it back once, not at every wait
+        assert calls == ["keep", "give back"] * (number + 1)
 
 
 @pytest.mark.django_db(transaction=True)

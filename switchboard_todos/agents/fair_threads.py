@@ -9,17 +9,24 @@ request that submitted the work) has a queue of its own, and a free thread takes
 work of the agent served least recently: another agent's request waits for at most one of the
 flood's per thread, not for all of them (5.5-14 ms at p99 in the same flood). Within one
 agent, first come, first served.
+
+A thread that has waited `linger` seconds for work since its last calls `when_idle` (the API
+gives its kept connection back to the pool there, thread_connections.py), once, then waits on.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from contextvars import ContextVar
+from enum import Enum, auto
 from typing import Any, ParamSpec, TypeVar
 
 from switchboard_todos.lanes import Lanes
+
+logger = logging.getLogger("switchboard_todos.fair_threads")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -31,15 +38,30 @@ tenant: ContextVar[str] = ContextVar("switchboard_todos_tenant", default="")
 _Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
+class _Idle(Enum):
+    """What `_next` gives a thread that waited `linger` seconds without work."""
+
+    IDLE = auto()
+
+
 class FairThreads(Executor):
     """An Executor of `threads` threads, started with its first work, taking turns between
     tenants (the module says why)."""
 
-    def __init__(self, threads: int, *, thread_name_prefix: str) -> None:
+    def __init__(
+        self,
+        threads: int,
+        *,
+        thread_name_prefix: str,
+        when_idle: Callable[[], object] | None = None,
+        linger: float = 0.0,
+    ) -> None:
         if threads < 1:
             raise ValueError("FairThreads needs at least one thread.")
         self.threads = threads
         self._prefix = thread_name_prefix
+        self._when_idle = when_idle
+        self._linger = linger
         self._condition = threading.Condition()
         #: Each tenant's waiting work, taken in turns.
         self._waiting: Lanes[_Work] = Lanes()
@@ -78,18 +100,26 @@ class FairThreads(Executor):
             thread.start()
             self._started.append(thread)
 
-    def _next(self) -> _Work | None:
+    def _next(self, linger: float | None) -> _Work | _Idle | None:
         """The oldest work of the tenant served least recently, who goes to the back of the
-        line; None once shut down with nothing waiting."""
+        line; IDLE after `linger` seconds (None: no limit) without any; None once shut down
+        with nothing waiting."""
         with self._condition:
             while not self._waiting:
                 if self._shutdown:
                     return None
-                self._condition.wait()
+                if not self._condition.wait(linger) and not self._waiting:
+                    return _Idle.IDLE
             return self._waiting.take()
 
     def _serve(self) -> None:
-        while (work := self._next()) is not None:
+        idle = True
+        while (work := self._next(None if idle else self._linger)) is not None:
+            if work is _Idle.IDLE:
+                idle = True
+                self._gone_idle()
+                continue
+            idle = self._when_idle is None
             future, fn, args, kwargs = work
             if not future.set_running_or_notify_cancel():
                 continue
@@ -99,3 +129,12 @@ class FairThreads(Executor):
                 future.set_exception(error)
             else:
                 future.set_result(result)
+
+    def _gone_idle(self) -> None:
+        """`when_idle`, whose error is logged: it must not end the thread."""
+        if self._when_idle is None:
+            return
+        try:
+            self._when_idle()
+        except Exception:
+            logger.exception("FairThreads' when_idle failed")

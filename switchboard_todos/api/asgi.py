@@ -38,10 +38,11 @@ A claim that waits listens for its client's disconnect meanwhile: a client that 
 it, claiming nothing (agents/disconnects.py), as Django's handler cancels the view.
 
 The `threads` take turns between tokens (agents/fair_threads.py): one agent's requests in
-flight do not wait in front of every other agent's next one. Each of them keeps an unpooled
-database connection from one request to the next, as a worker does, and closes it after a
-database error (that request answers 503, the next one connects again); a connection of
-Django's pool goes back to the pool after each request.
+flight do not wait in front of every other agent's next one. Each of them keeps its database
+connection from one request to the next, as a worker does, and closes it after a database error
+(that request answers 503, the next one connects again). A connection of Django's pool goes
+back to the pool once its thread has had no request for 0.1 s, or at once when another thread
+of the process waits for the pool (thread_connections.py).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from django.urls import get_resolver
 from django.urls.exceptions import Resolver404
 from pydantic import ValidationError
 
-from switchboard_todos import tracing
+from switchboard_todos import thread_connections, tracing
 from switchboard_todos.agents import disconnects, request_cap, service, tokens
 from switchboard_todos.agents.fair_threads import FairThreads, tenant
 from switchboard_todos.agents.https import https_of
@@ -82,9 +83,9 @@ from switchboard_todos.api.schemas import (
     ReleaseIn,
     Request,
 )
-from switchboard_todos.claims.long_polls import finish_with_connections
 from switchboard_todos.exceptions import TodoError
 from switchboard_todos.models import Agent, Todo
+from switchboard_todos.thread_connections import finish_with_connections, keep_connections
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -173,7 +174,12 @@ class AgentsAPIFirst:
     def __init__(self, application: ASGIApp, *, threads: int = 4) -> None:
         self.application = application
         self.threads = threads
-        self._threads = FairThreads(threads, thread_name_prefix="switchboard-todos-api")
+        self._threads = FairThreads(
+            threads,
+            thread_name_prefix="switchboard-todos-api",
+            when_idle=finish_with_connections,
+            linger=thread_connections.KEEP_WHILE_IDLE,
+        )
         self._turns = Turns()
 
     def close(self) -> None:
@@ -340,7 +346,7 @@ def _perform(
                 )
             )
     finally:
-        finish_with_connections()
+        keep_connections()
 
 
 def _created(agent: Agent, arguments: Request, scope: Scope) -> HttpResponse:
@@ -389,7 +395,7 @@ def _serialized(todos: list[Todo]) -> bytes:
     try:
         return _body(todos)
     finally:
-        finish_with_connections()
+        keep_connections()
 
 
 async def _wait_and_claim(agent: Agent, arguments: Request | HttpResponse) -> list[Todo]:

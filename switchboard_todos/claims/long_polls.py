@@ -23,11 +23,12 @@ the waiters of one owner and one set of queues only one polls, since their claim
 find the same.
 
 The claims of an async long poll run on the process's `ClaimThreads`: a few threads, each
-keeping its database connection from one claim to the next (a pooled one goes back to the
-pool after each claim), taking the owners in turn, so that no owner's claims queue behind
-another owner's many. A blocking (sync) long poll claims on its own thread and keeps that
-thread's connection while it waits: reconnecting after every wait would cost more than holding
-the connection, and the thread, the caller's, holds it anyway between its own statements.
+keeping its database connection from one claim to the next (a pooled one goes back to the pool
+once its thread is idle, thread_connections.py), taking the owners in turn, so that no owner's
+claims queue behind another owner's many. A blocking (sync) long poll claims on its own thread
+and keeps that thread's connection while it waits: reconnecting after every wait would cost more
+than holding the connection, and the thread, the caller's, holds it anyway between its own
+statements.
 
 An async long poll may be cancelled: its client went away (agents/disconnects.py). Cancelled
 while it waits, it leaves the waiters and claims nothing. Cancelled while a claim of its runs on
@@ -48,12 +49,18 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
+from enum import Enum, auto
 from typing import Any, ParamSpec, TypeVar
 
 from django.db import connections
 
 from switchboard_todos.claims import listen
 from switchboard_todos.lanes import Lanes
+from switchboard_todos.thread_connections import (
+    KEEP_WHILE_IDLE,
+    finish_with_connections,
+    keep_connections,
+)
 
 logger = logging.getLogger("switchboard_todos.long_polls")
 
@@ -305,12 +312,21 @@ class LongPoll:
 Job = tuple[concurrent.futures.Future[Any], Callable[[], Any]]
 
 
+class _Idle(Enum):
+    """What `ClaimThreads._take` gives a thread that kept its connection through
+    KEEP_WHILE_IDLE seconds without a claim: time to give it back."""
+
+    IDLE = auto()
+
+
 class ClaimThreads:
     """The threads that run the claims of async long polls, the owners taking turns.
 
     Started as claims come, up to `size`; a thread idle for `linger` seconds ends, closing its
-    connections. Each keeps an unpooled connection from one claim to the next, gives a pooled
-    one back to the pool after each, and closes one a database error left unusable.
+    connections. Each keeps its connection from one claim to the next, closes one a database
+    error left unusable, and gives a pooled one back to the pool once idle for
+    KEEP_WHILE_IDLE seconds, or at once when another thread waits for the pool
+    (thread_connections.py).
     """
 
     def __init__(self, size: int, linger: float) -> None:
@@ -368,14 +384,20 @@ class ClaimThreads:
 
     def _work(self) -> None:
         try:
-            while (job := self._take()) is not None:
+            keeping = False
+            while (job := self._take(keeping)) is not None:
+                if job is _Idle.IDLE:
+                    finish_with_connections()
+                    keeping = False
+                    continue
                 future, call = job
                 if future.set_running_or_notify_cancel():
                     try:
                         future.set_result(call())
                     except BaseException as error:
                         future.set_exception(error)
-                finish_with_connections()
+                keep_connections()
+                keeping = True
         finally:
             try:
                 connections.close_all()
@@ -384,9 +406,10 @@ class ClaimThreads:
                     if threading.current_thread() in self._threads:  # ended by an error
                         self._threads.remove(threading.current_thread())
 
-    def _take(self) -> Job | None:
-        """The next claim, in the owners' turns; None when this thread is to end: told to
-        stop, or idle for `linger` seconds (it is then no longer counted)."""
+    def _take(self, keeping: bool) -> Job | _Idle | None:
+        """The next claim, in the owners' turns; while `keeping` a connection, IDLE after
+        KEEP_WHILE_IDLE seconds without one; None when this thread is to end: told to stop,
+        or idle for `linger` seconds (it is then no longer counted)."""
         with self._condition:
             woken = True
             while not self._queued:
@@ -394,8 +417,10 @@ class ClaimThreads:
                     self._threads.remove(threading.current_thread())
                     return None
                 self._idle += 1
-                woken = self._condition.wait(self._linger)
+                woken = self._condition.wait(KEEP_WHILE_IDLE if keeping else self._linger)
                 self._idle -= 1
+                if keeping and not woken and not self._queued:
+                    return _Idle.IDLE
             self._waiting_jobs -= 1
             return self._queued.take()
 
@@ -420,17 +445,6 @@ def _give_back(owner: str, give_back: Callable[[R], object], claim: asyncio.Futu
 def _log_failure(job: concurrent.futures.Future[object]) -> None:
     if not job.cancelled() and (error := job.exception()) is not None:
         logger.error("A detached job of the claim threads failed", exc_info=error)
-
-
-def finish_with_connections() -> None:
-    """What Django does with a thread's connections after a request: close those a database
-    error left unusable, and give pooled ones back to the pool. An unpooled one stays open for
-    the thread's next use, as a worker's does."""
-    for connection in connections.all(initialized_only=True):
-        if connection.errors_occurred:
-            connection.close_if_unusable_or_obsolete()
-        if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
-            connection.close()
 
 
 _shared_waiters: dict[tuple[str, bool], Waiters] = {}

@@ -42,7 +42,7 @@ from django.urls import Resolver404, get_resolver
 
 from switchboard_todos.agents import disconnects
 from switchboard_todos.agents.https import https_of
-from switchboard_todos.claims.long_polls import finish_with_connections
+from switchboard_todos.thread_connections import finish_with_connections
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
