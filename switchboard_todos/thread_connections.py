@@ -1,17 +1,18 @@
 """What a server process's own threads do with their database connections between requests.
 
-The agents' API (api/asgi.py), the SQS endpoint (sqs/mount.py) and the long polls' claims
-(claims/long_polls.py) run their database work on threads of their own, not Django's request
-threads, so they do for their connections what Django's handler does after a request: close
-one that a database error left unusable, and give a pooled one (Django's `OPTIONS["pool"]`)
-back to its pool. An unpooled one stays open for the thread's next use, as a worker's does.
+The agents' API (api/asgi.py), the SQS endpoint (sqs/mount.py), the MCP tool calls
+(mcp/server.py) and the long polls' claims (claims/long_polls.py) run their database work on
+threads of their own, not Django's request threads, so they do for their connections what
+Django's handler does after a request: close one that a database error left unusable, and give a
+pooled one (Django's `OPTIONS["pool"]`) back to its pool. An unpooled one stays open for the
+thread's next use, as a worker's does.
 
-The API's threads and the claim threads keep a pooled one too, from one request to the next,
-while requests keep coming (`keep_connections`), and give it back once idle for
-KEEP_WHILE_IDLE seconds: a pooled connection handed back and taken again at every request
-cost the API's process about a seventh of its CPU (docs/benchmarks.md). They give it back at
-once whenever another thread waits for that pool, so that what they keep never starves the
-rest of the process; and docs/operating.md section 11 counts them among the pool's users.
+The API's threads, the MCP calls' kept threads and the claim threads keep a pooled one too, from
+one request to the next, while requests keep coming (`keep_connections`), and give it back once
+idle for KEEP_WHILE_IDLE seconds: a pooled connection handed back and taken again at every
+request cost the API's process about a seventh of its CPU (docs/benchmarks.md). They give it
+back at once whenever another thread waits for that pool, so that what they keep never starves
+the rest of the process; and docs/operating.md section 11 counts them among the pool's users.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ served by uvicorn (with the agent's bearer token), and over stdio against `manag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -23,8 +24,9 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from asgiref.sync import sync_to_async
 from django.contrib.admin.utils import quote
-from django.db import connections
+from django.db import connection, connections
 from django.db.models.functions import Now
 from django.test import override_settings
 from mcp import ClientSession, StdioServerParameters
@@ -41,10 +43,11 @@ from switchboard_todos.claims import long_polls
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import Throttled
 from switchboard_todos.mcp.http import HttpsOnly, allowed_hosts, streamable_http
-from switchboard_todos.mcp.server import PROBLEM_META, Tools
+from switchboard_todos.mcp.server import PROBLEM_META, Tools, close_threads
 from switchboard_todos.models import Agent, State, Todo
 from tests.asgi import serve_mcp
 from tests.conftest import ROOT, child_environment, database_url, run_in_threads
+from tests.helpers import wait_until
 
 T = TypeVar("T")
 
@@ -378,6 +381,37 @@ def test_tools_describe_themselves_for_a_model(http_session: Opener) -> None:
     )
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_calls_thread_keeps_its_connection_for_the_next_call() -> None:
+    """Without a pool too: a call no longer opens a connection of its own and closes it. The
+    kept threads close theirs as the server ends (close_threads)."""
+
+    async def agent() -> Agent:
+        return Agent(name=AGENT)
+
+    def backend() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid: int = cursor.fetchone()[0]
+        return pid
+
+    async def which_backend(agent: Agent) -> dict[str, Any]:
+        return {"pid": await sync_to_async(backend)()}
+
+    def alive(pid: int) -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+            return bool(cursor.fetchone()[0])
+
+    first, second = (asyncio.run(Tools(agent)._run(which_backend)) for _ in range(2))
+    assert first.structured_content == second.structured_content
+    assert first.structured_content is not None
+    pid = first.structured_content["pid"]
+    assert pid != backend() and alive(pid)
+    close_threads()
+    wait_until(lambda: not alive(pid), "the kept thread's connection to close")
+
+
 def test_a_throttled_call_says_how_long_to_wait() -> None:
     async def agent() -> Agent:
         return Agent(name=AGENT)
@@ -669,6 +703,10 @@ class Cuttable:
         self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone would not)
         self._listener.close()
         for relayed in self._relayed:
+            # Shut down, not only closed: a socket another thread is reading from stays
+            # connected through close() alone, and the server's session with it.
+            with contextlib.suppress(OSError):
+                relayed.shutdown(socket.SHUT_RDWR)
             relayed.close()
         self._relayed.clear()
 

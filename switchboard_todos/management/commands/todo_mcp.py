@@ -9,7 +9,7 @@ import anyio
 from django.core.management.base import BaseCommand, CommandError
 
 from switchboard_todos.exceptions import NotAuthenticated
-from switchboard_todos.mcp.server import build_server, request_scope
+from switchboard_todos.mcp.server import build_server, close_threads, request_scope
 from switchboard_todos.models import Agent
 
 
@@ -35,7 +35,10 @@ class Command(BaseCommand):
         parser.add_argument("--agent", required=True, metavar="NAME", help="The agent to act as.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        anyio.run(self.serve, options["agent"])
+        try:
+            anyio.run(self.serve, options["agent"])
+        finally:
+            close_threads()  # the connections the tool calls' threads keep, closed as it ends
 
     async def serve(self, name: str) -> None:
         try:
