@@ -2,17 +2,17 @@
 
 The agents' API (api/asgi.py), the SQS endpoint (sqs/mount.py), the MCP tool calls
 (mcp/server.py) and the long polls' claims (claims/long_polls.py) run their database work on
-threads of their own, not Django's request threads, so they do for their connections what
-Django's handler does after a request: close one that a database error left unusable, and give a
-pooled one (Django's `OPTIONS["pool"]`) back to its pool. An unpooled one stays open for the
-thread's next use, as a worker's does.
+threads of their own, not Django's request threads, so they tidy their connections themselves.
+After each request, one that a database error left unusable is closed, as Django's handler
+closes it; the others stay with the thread for its next request, as a worker's do.
 
-The API's threads, the MCP calls' kept threads and the claim threads keep a pooled one too, from
-one request to the next, while requests keep coming (`keep_connections`), and give it back once
-idle for KEEP_WHILE_IDLE seconds: a pooled connection handed back and taken again at every
-request cost the API's process about a seventh of its CPU (docs/benchmarks.md). They give it
-back at once whenever another thread waits for that pool, so that what they keep never starves
-the rest of the process; and docs/operating.md section 11 counts them among the pool's users.
+A pooled one (Django's `OPTIONS["pool"]`) stays too, while requests keep coming
+(`keep_connections`), and goes back to the pool once its thread has been idle for
+KEEP_WHILE_IDLE seconds (`finish_with_connections`): handed back and taken again at every
+request, it cost the API's process about a seventh of its CPU (docs/benchmarks.md). It goes
+back at once whenever another thread waits for that pool, so that what the threads keep never
+starves the rest of the process; and docs/operating.md section 11 counts them among the pool's
+users.
 """
 
 from __future__ import annotations

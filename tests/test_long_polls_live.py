@@ -24,6 +24,7 @@ from django.db import connection, connections
 from example_project.mcp_agent import connect
 from switchboard_todos.agents import accounts
 from switchboard_todos.claims import long_polls
+from switchboard_todos.mcp.server import KEPT_THREADS
 from switchboard_todos.models import Agent, Todo
 from switchboard_todos.sqs.signing import secret_for
 from tests.asgi import serve
@@ -37,10 +38,10 @@ SERVER = "sw-long-polls-server"
 WAIT = 8
 #: Long polls of the flooding agent on each surface.
 PER_SURFACE = 20
-#: What "a handful" of connections is: the LISTEN connection, the claim threads, and the
-#: threads of AgentsAPIFirst and of SQSAnywhere (4 each, the example's), each holding at most
-#: one: a number set by the server, not by the polls.
-HANDFUL = 1 + long_polls.CLAIM_THREADS + 4 + 4
+#: What "a handful" of connections is: the LISTEN connection, the claim threads, the threads
+#: of AgentsAPIFirst and of SQSAnywhere (4 each, the example's) and the MCP tool calls' kept
+#: threads, each holding at most one: a number set by the server, not by the polls.
+HANDFUL = 1 + long_polls.CLAIM_THREADS + 4 + 4 + KEPT_THREADS
 
 
 @pytest.fixture

@@ -17,19 +17,18 @@ settings are applied by Django's SecurityMiddleware (a plain-HTTP request where 
 for gets its redirect and does nothing), a body past MAX_BODY is refused before more of it is
 read, signed or not, and the request is made and the response sent by Django's own ASGI code.
 Each request runs its database work on one of `threads` threads, each keeping its connection
-from one request to the next as a worker does (a pooled one goes back to the pool after each
-request, one a database error left unusable is closed). A ReceiveMessage is answered while
+from one request to the next as a worker does (a pooled one goes back to the pool once the
+thread is idle or another thread waits for the pool, one a database error left unusable is
+closed: thread_connections.py). A ReceiveMessage is answered while
 its client is connected: one that goes away ends it, its long poll claiming nothing
 (agents/disconnects.py). Queue URLs are built on the path posted to (queue_urls.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import io
 import itertools
 from collections.abc import Awaitable, Callable, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
@@ -41,8 +40,13 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, get_resolver
 
 from switchboard_todos.agents import disconnects
+from switchboard_todos.agents.fair_threads import FairThreads
 from switchboard_todos.agents.https import https_of
-from switchboard_todos.thread_connections import finish_with_connections
+from switchboard_todos.thread_connections import (
+    KEEP_WHILE_IDLE,
+    finish_with_connections,
+    keep_connections,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -83,7 +87,12 @@ class SQSAnywhere:
         # One thread per slot, so that the database work of one request stays on one thread
         # (Django's connections are per thread) and a slot's connection can be tidied after.
         self._slots = [
-            ThreadPoolExecutor(1, thread_name_prefix="switchboard-todos-sqs")
+            FairThreads(
+                1,
+                thread_name_prefix="switchboard-todos-sqs",
+                when_idle=finish_with_connections,
+                linger=KEEP_WHILE_IDLE,
+            )
             for _ in range(threads)
         ]
         self._turns = itertools.cycle(self._slots)
@@ -147,7 +156,8 @@ class SQSAnywhere:
                     response = await sync_to_async(response_for_exception)(request, error)
                 return response
         finally:
-            await asyncio.get_running_loop().run_in_executor(slot, finish_with_connections)
+            # Queued on the slot, not awaited: it runs before the slot's next request does.
+            slot.submit(keep_connections)
 
     def close(self) -> None:
         """Close the connections the threads keep, and stop the threads."""
