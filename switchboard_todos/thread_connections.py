@@ -1,7 +1,7 @@
 """What a server process's own threads do with their database connections between requests.
 
 The agents' API (api/asgi.py), the SQS endpoint (sqs/mount.py), the MCP tool calls
-(mcp/server.py) and the long polls' claims (claims/long_polls.py) run their database work on
+(mcp/threads.py) and the long polls' claims (claims/long_polls.py) run their database work on
 threads of their own, not Django's request threads, so they tidy their connections themselves.
 After each request, one that a database error left unusable is closed, as Django's handler
 closes it; the others stay with the thread for its next request, as a worker's do.

@@ -24,7 +24,7 @@ from devtools import database
 from switchboard_todos.agents.service import identity
 from switchboard_todos.claims.marks import marks
 from switchboard_todos.managers.machinery import dependencies
-from switchboard_todos.mcp.server import close_threads
+from switchboard_todos.mcp.threads import close_threads
 from switchboard_todos.models import ErrorEntry, State, Todo
 from tests.helpers import entry_size
 
@@ -67,7 +67,7 @@ def _fresh_claim_marks() -> None:
 @pytest.fixture(autouse=True)
 def _mcp_threads_closed() -> Iterator[None]:
     """The threads of the MCP tool calls a test made in this process keep their connections
-    between calls (mcp/server.py): closed after each test, so that none outlives its test's
+    between calls (mcp/threads.py): closed after each test, so that none outlives its test's
     data, nor holds the test database when it is dropped."""
     yield
     close_threads()

@@ -150,6 +150,23 @@ def test_work_that_keeps_coming_within_the_linger_keeps_the_thread_busy() -> Non
     assert idle == []
 
 
+def test_after_each_runs_on_the_thread_after_each_work() -> None:
+    """The surfaces' threads tidy their connections there (thread_connections.py)."""
+    ran: list[str] = []
+    threads = FairThreads(
+        1,
+        thread_name_prefix="test-fair",
+        after_each=lambda: ran.append(f"after, on {threading.current_thread().name}"),
+    )
+    try:
+        for n in range(2):
+            assert submitted_as(threads, "a", partial(ran.append, f"work {n}")).result(10) is None
+        threads.shutdown(wait=True)
+        assert ran == ["work 0", "after, on test-fair_0", "work 1", "after, on test-fair_0"]
+    finally:
+        threads.shutdown()
+
+
 def test_a_failing_when_idle_is_logged_and_the_thread_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

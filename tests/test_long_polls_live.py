@@ -24,7 +24,7 @@ from django.db import connection, connections
 from example_project.mcp_agent import connect
 from switchboard_todos.agents import accounts
 from switchboard_todos.claims import long_polls
-from switchboard_todos.mcp.server import KEPT_THREADS
+from switchboard_todos.mcp.threads import KEPT_THREADS
 from switchboard_todos.models import Agent, Todo
 from switchboard_todos.sqs.signing import secret_for
 from tests.asgi import serve

@@ -43,7 +43,8 @@ from switchboard_todos.claims import long_polls
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import Throttled
 from switchboard_todos.mcp.http import HttpsOnly, allowed_hosts, streamable_http
-from switchboard_todos.mcp.server import PROBLEM_META, Tools, close_threads
+from switchboard_todos.mcp.server import PROBLEM_META, Tools
+from switchboard_todos.mcp.threads import close_threads
 from switchboard_todos.models import Agent, State, Todo
 from tests.asgi import serve_mcp
 from tests.conftest import ROOT, child_environment, database_url, run_in_threads

@@ -10,8 +10,11 @@ work of the agent served least recently: another agent's request waits for at mo
 flood's per thread, not for all of them (5.5-14 ms at p99 in the same flood). Within one
 agent, first come, first served.
 
-A thread that has waited `linger` seconds for work since its last calls `when_idle` (the API
-gives its kept connection back to the pool there, thread_connections.py), once, then waits on.
+Each thread calls `after_each` after each work, and `when_idle` once when it has waited
+`linger` seconds for work since its last, then waits on: `keeping_connections` makes the
+threads of the server's surfaces (the API's, SQS's, the MCP calls'), which keep their database
+connection from one work to the next and give a pooled one back once idle
+(thread_connections.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ from enum import Enum, auto
 from typing import Any, ParamSpec, TypeVar
 
 from switchboard_todos.lanes import Lanes
+from switchboard_todos.thread_connections import (
+    KEEP_WHILE_IDLE,
+    finish_with_connections,
+    keep_connections,
+)
 
 logger = logging.getLogger("switchboard_todos.fair_threads")
 
@@ -53,6 +61,7 @@ class FairThreads(Executor):
         threads: int,
         *,
         thread_name_prefix: str,
+        after_each: Callable[[], object] | None = None,
         when_idle: Callable[[], object] | None = None,
         linger: float = 0.0,
     ) -> None:
@@ -60,6 +69,7 @@ class FairThreads(Executor):
             raise ValueError("FairThreads needs at least one thread.")
         self.threads = threads
         self._prefix = thread_name_prefix
+        self._after_each = after_each
         self._when_idle = when_idle
         self._linger = linger
         self._condition = threading.Condition()
@@ -117,7 +127,7 @@ class FairThreads(Executor):
         while (work := self._next(None if idle else self._linger)) is not None:
             if work is _Idle.IDLE:
                 idle = True
-                self._gone_idle()
+                _hook(self._when_idle, "when_idle")
                 continue
             idle = self._when_idle is None
             future, fn, args, kwargs = work
@@ -129,12 +139,26 @@ class FairThreads(Executor):
                 future.set_exception(error)
             else:
                 future.set_result(result)
+            _hook(self._after_each, "after_each")
 
-    def _gone_idle(self) -> None:
-        """`when_idle`, whose error is logged: it must not end the thread."""
-        if self._when_idle is None:
-            return
-        try:
-            self._when_idle()
-        except Exception:
-            logger.exception("FairThreads' when_idle failed")
+
+def _hook(hook: Callable[[], object] | None, name: str) -> None:
+    """`hook`, whose error is logged: it must not end the thread."""
+    if hook is None:
+        return
+    try:
+        hook()
+    except Exception:
+        logger.exception("FairThreads' %s failed", name)
+
+
+def keeping_connections(threads: int, *, thread_name_prefix: str) -> FairThreads:
+    """FairThreads whose threads keep their database connections from one work to the next,
+    a pooled one given back once idle or wanted (thread_connections.py)."""
+    return FairThreads(
+        threads,
+        thread_name_prefix=thread_name_prefix,
+        after_each=keep_connections,
+        when_idle=finish_with_connections,
+        linger=KEEP_WHILE_IDLE,
+    )

@@ -66,9 +66,9 @@ from django.urls import get_resolver
 from django.urls.exceptions import Resolver404
 from pydantic import ValidationError
 
-from switchboard_todos import thread_connections, tracing
+from switchboard_todos import tracing
 from switchboard_todos.agents import disconnects, request_cap, service, tokens
-from switchboard_todos.agents.fair_threads import FairThreads, tenant
+from switchboard_todos.agents.fair_threads import keeping_connections, tenant
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.agents.serialize import reads_database, todo_json, todos_json
 from switchboard_todos.api import problems
@@ -85,7 +85,6 @@ from switchboard_todos.api.schemas import (
 )
 from switchboard_todos.exceptions import TodoError
 from switchboard_todos.models import Agent, Todo
-from switchboard_todos.thread_connections import finish_with_connections, keep_connections
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -174,12 +173,7 @@ class AgentsAPIFirst:
     def __init__(self, application: ASGIApp, *, threads: int = 4) -> None:
         self.application = application
         self.threads = threads
-        self._threads = FairThreads(
-            threads,
-            thread_name_prefix="switchboard-todos-api",
-            when_idle=finish_with_connections,
-            linger=thread_connections.KEEP_WHILE_IDLE,
-        )
+        self._threads = keeping_connections(threads, thread_name_prefix="switchboard-todos-api")
         self._turns = Turns()
 
     def close(self) -> None:
@@ -309,7 +303,7 @@ class AgentsAPIFirst:
             return _body(claimed)
         # Parents' results, last errors: a query.
         loop = asyncio.get_running_loop()
-        answer = loop.run_in_executor(self._threads, _serialized, claimed)
+        answer = loop.run_in_executor(self._threads, _body, claimed)
         return await service.handing_over(waiting.agent, claimed, answer)
 
 
@@ -323,30 +317,25 @@ def _perform(
     The agent is recognised (identity.py): the verbs here check its credential in their own
     statement, so a request is one statement, and a revoked token is still refused at once.
     """
-    try:
-        # The claim by id and the creates read the agent's grants before their statements:
-        # read them now.
-        reads_grants = verb == "claim_todo" or verb in CREATES
-        agent = service.authenticate(token) if reads_grants else service.recognise(token)
-        arguments = _arguments(verb, body)
-        if isinstance(arguments, HttpResponse):
-            return arguments
-        if isinstance(arguments, ClaimIn) and arguments.wait:
-            return Waiting(agent, arguments)
-        with request_cap.admitted(agent):
-            if verb in CREATES:
-                return _created(agent, arguments, scope)
-            if verb != CLAIM:
-                assert todo_id is not None
-                return _body(BY_ID[verb][1](agent, todo_id, arguments))
-            assert isinstance(arguments, ClaimIn)
-            return _body(
-                service.claim(
-                    agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit
-                )
-            )
-    finally:
-        keep_connections()
+    # The claim by id and the creates read the agent's grants before their statements:
+    # read them now.
+    reads_grants = verb == "claim_todo" or verb in CREATES
+    agent = service.authenticate(token) if reads_grants else service.recognise(token)
+    arguments = _arguments(verb, body)
+    if isinstance(arguments, HttpResponse):
+        return arguments
+    if isinstance(arguments, ClaimIn) and arguments.wait:
+        return Waiting(agent, arguments)
+    with request_cap.admitted(agent):
+        if verb in CREATES:
+            return _created(agent, arguments, scope)
+        if verb != CLAIM:
+            assert todo_id is not None
+            return _body(BY_ID[verb][1](agent, todo_id, arguments))
+        assert isinstance(arguments, ClaimIn)
+        return _body(
+            service.claim(agent, queues=arguments.queues, ttl=arguments.ttl, limit=arguments.limit)
+        )
 
 
 def _created(agent: Agent, arguments: Request, scope: Scope) -> HttpResponse:
@@ -388,14 +377,6 @@ def _body(answer: Todo | list[Todo]) -> bytes:
     if isinstance(answer, list):
         return json.dumps({"todos": todos_json(answer)}).encode()
     return json.dumps(todo_json(answer)).encode()
-
-
-def _serialized(todos: list[Todo]) -> bytes:
-    """`_body` on one of the threads."""
-    try:
-        return _body(todos)
-    finally:
-        keep_connections()
 
 
 async def _wait_and_claim(agent: Agent, arguments: Request | HttpResponse) -> list[Todo]:

@@ -51,13 +51,8 @@ from switchboard_todos.agents import disconnects, errors, service
 from switchboard_todos.agents.https import https_of
 from switchboard_todos.conf import conf
 from switchboard_todos.exceptions import NotAuthenticated, Throttled
-from switchboard_todos.mcp.server import (
-    UNAVAILABLE,
-    build_server,
-    close_threads,
-    problem_text,
-    request_scope,
-)
+from switchboard_todos.mcp.server import UNAVAILABLE, build_server, problem_text
+from switchboard_todos.mcp.threads import close_threads, request_scope
 from switchboard_todos.models import Agent
 
 logger = logging.getLogger(__name__)

@@ -11,28 +11,20 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from asgiref.sync import ThreadSensitiveContext
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from switchboard_todos import __version__, faults
 from switchboard_todos.agents import disconnects, errors, request_cap, service
-from switchboard_todos.agents.fair_threads import FairThreads
 from switchboard_todos.agents.serialize import TodoJSON, atodos_json
 from switchboard_todos.exceptions import Throttled, TodoError
+from switchboard_todos.mcp.threads import request_scope
 from switchboard_todos.models import Agent, Todo
-from switchboard_todos.thread_connections import (
-    KEEP_WHILE_IDLE,
-    finish_with_connections,
-    keep_connections,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -127,88 +119,6 @@ class PlannedTodo(BaseModel):
         default=None,
         description="Not claimable before this time (ISO 8601 with a time zone); not with after.",
     )
-
-
-#: Threads kept idle between calls, for the next ones.
-KEPT_THREADS = 4
-
-
-class Threads:
-    """Single-thread executors, one lent to each call in flight and taken back when it ends.
-
-    A call's database work stays on one thread (Django's connections are per thread), no call
-    queues behind another's, and up to `keep` idle threads outlive their call: a thread started
-    and joined per call (a ThreadSensitiveContext of its own) cost a tool call more than the
-    call's own work (issue 36). A kept thread keeps its database connection for the next call
-    too, as the API's threads do (thread_connections.py); one that is not kept closes its
-    connections as it ends.
-    """
-
-    def __init__(self, keep: int) -> None:
-        self._keep = keep
-        self._idle: list[FairThreads] = []
-        self._lock = threading.Lock()
-
-    def lend(self) -> FairThreads:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return FairThreads(
-            1,
-            thread_name_prefix="switchboard-todos-mcp",
-            when_idle=finish_with_connections,
-            linger=KEEP_WHILE_IDLE,
-        )
-
-    def take_back(self, thread: FairThreads) -> None:
-        """Keep `thread` for the next call, or (`keep` already idle) let it end."""
-        with self._lock:
-            if len(self._idle) < self._keep:
-                self._idle.append(thread)
-                return
-        _end(thread, wait=False)
-
-    def close(self) -> None:
-        """End the idle threads."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for thread in idle:
-            _end(thread, wait=True)
-
-
-def _end(thread: FairThreads, *, wait: bool) -> None:
-    """End `thread` once it has closed its connections."""
-    thread.submit(connections.close_all)
-    thread.shutdown(wait=wait)
-
-
-_threads = Threads(KEPT_THREADS)
-
-
-@asynccontextmanager
-async def request_scope() -> AsyncIterator[None]:
-    """Around each call, what Django's ASGI handler does around a request.
-
-    The ORM runs on a thread of the call's own, as under Django's handler (so that agents do
-    not queue behind one thread), lent for the call (`Threads`). When the call ends, a
-    connection a database error left unusable is closed, and the others stay with the thread
-    for its next call (a pooled one goes back to the pool once the thread is idle, or when
-    another thread waits for it: thread_connections.py).
-    """
-    thread = _threads.lend()
-    try:
-        async with ThreadSensitiveContext(executor=thread):
-            yield
-    finally:
-        # Queued on the thread, not awaited: it runs before whatever the next call sends there,
-        # a cancelled call's connections included.
-        thread.submit(keep_connections)
-        _threads.take_back(thread)
-
-
-def close_threads() -> None:
-    """End the idle threads of the tool calls (at a server's end)."""
-    _threads.close()
 
 
 def _result(structured: dict[str, Any]) -> CallToolResult:

@@ -71,13 +71,8 @@ from switchboard_todos.exceptions import (
     TodoError,
     TodoNotFound,
 )
-from switchboard_todos.mcp.server import (
-    PROBLEM_META,
-    UNAVAILABLE,
-    AgentSource,
-    problem_text,
-    request_scope,
-)
+from switchboard_todos.mcp.server import PROBLEM_META, UNAVAILABLE, AgentSource, problem_text
+from switchboard_todos.mcp.threads import request_scope
 from switchboard_todos.models import Agent, Todo
 
 logger = logging.getLogger(__name__)

@@ -40,13 +40,8 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, get_resolver
 
 from switchboard_todos.agents import disconnects
-from switchboard_todos.agents.fair_threads import FairThreads
+from switchboard_todos.agents.fair_threads import keeping_connections
 from switchboard_todos.agents.https import https_of
-from switchboard_todos.thread_connections import (
-    KEEP_WHILE_IDLE,
-    finish_with_connections,
-    keep_connections,
-)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -87,12 +82,7 @@ class SQSAnywhere:
         # One thread per slot, so that the database work of one request stays on one thread
         # (Django's connections are per thread) and a slot's connection can be tidied after.
         self._slots = [
-            FairThreads(
-                1,
-                thread_name_prefix="switchboard-todos-sqs",
-                when_idle=finish_with_connections,
-                linger=KEEP_WHILE_IDLE,
-            )
+            keeping_connections(1, thread_name_prefix="switchboard-todos-sqs")
             for _ in range(threads)
         ]
         self._turns = itertools.cycle(self._slots)
@@ -147,17 +137,12 @@ class SQSAnywhere:
 
         request.resolver_match = _resolve(request.path_info)
         queue = request.resolver_match.kwargs.get("queue") if request.resolver_match else None
-        slot = next(self._turns)
-        try:
-            async with ThreadSensitiveContext(executor=slot):
-                try:
-                    response: HttpResponse = await endpoint(request, queue)
-                except Exception as error:  # what Django's handler answers: 400, or 500 logged
-                    response = await sync_to_async(response_for_exception)(request, error)
-                return response
-        finally:
-            # Queued on the slot, not awaited: it runs before the slot's next request does.
-            slot.submit(keep_connections)
+        async with ThreadSensitiveContext(executor=next(self._turns)):
+            try:
+                response: HttpResponse = await endpoint(request, queue)
+            except Exception as error:  # what Django's handler answers: 400, or 500 logged
+                response = await sync_to_async(response_for_exception)(request, error)
+            return response
 
     def close(self) -> None:
         """Close the connections the threads keep, and stop the threads."""

@@ -9,7 +9,8 @@ import anyio
 from django.core.management.base import BaseCommand, CommandError
 
 from switchboard_todos.exceptions import NotAuthenticated
-from switchboard_todos.mcp.server import build_server, close_threads, request_scope
+from switchboard_todos.mcp.server import build_server
+from switchboard_todos.mcp.threads import close_threads, request_scope
 from switchboard_todos.models import Agent
 
 
