@@ -155,42 +155,6 @@ def test_waiting_polls_do_not_hold_up_other_agents(
     assert results == [0] * 20
 
 
-def test_the_api_threads_kept_connections_never_starve_the_pool(server: str) -> None:
-    """Eight agents keep the API's 4 threads busy without a pause, each thread keeping a pooled
-    connection from one request to the next (thread_connections.py): every connection of the
-    server's pool of 4. A request Django's handler serves still gets one at once, given back by
-    the next thread to end a request, not after the pool's 30 s timeout."""
-    tokens = [accounts.create_agent(f"busy-{n}", claim_queues=["empty"])[1] for n in range(8)]
-    reader = accounts.create_agent("reader", claim_queues=["empty"])[1]
-    connections.close_all()
-    stop = threading.Event()
-
-    def claim_nothing(number: int) -> int:
-        claims = 0
-        with agent_client(server, tokens[number]) as client:
-            while not stop.is_set():
-                claimed = client.post("/claim/", json={"ttl": 30})
-                assert claimed.status_code == 200, claimed.text
-                claims += 1
-        return claims
-
-    busy = threading.Thread(target=lambda: claims.extend(run_in_threads(8, claim_nothing)))
-    claims: list[int] = []
-    busy.start()
-    try:
-        time.sleep(1)  # the threads hold their connections by now
-        with agent_client(server, reader) as client:
-            started = time.monotonic()
-            listed = client.get("/todos/", params={"limit": 1})
-            elapsed = time.monotonic() - started
-    finally:
-        stop.set()
-        busy.join(30)
-    assert listed.status_code == 200, listed.text
-    assert elapsed < 10, elapsed
-    assert all(claims), claims  # every agent kept claiming meanwhile
-
-
 def test_progress_notes_and_a_cancel_reach_the_agent(server: str) -> None:
     """An agent's heartbeat stores its progress note (shown on the todo and in its list; one
     too large is refused); once an operator cancels the todo, the agent's heartbeat, complete

@@ -23,6 +23,7 @@ from django.db.backends.utils import CursorWrapper
 
 from switchboard_todos.agents import accounts, long_poll_cap
 from switchboard_todos.claims import long_polls
+from switchboard_todos.mcp import http, threads
 from switchboard_todos.mcp.http import PEEK_MAX, holder_call, streamable_http
 from switchboard_todos.models import Agent, State, Todo
 
@@ -183,6 +184,39 @@ def test_claim_and_complete_are_one_statement_each(
     # The first claim reads the agent (identity.recognise): the session's opening read it, but
     # a request that is not a holder's call keeps nothing.
     assert served(scenario, token) == [(2, 1), (1, 1)]
+    assert Todo.objects.filter(state=State.DONE).count() == 2
+
+
+def test_a_holder_call_of_an_agent_read_lately_checks_its_token_without_a_thread(
+    token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its token is recognised on the event loop: the call's one hop to a thread is its
+    verb's (the tool's own request_scope), none for the token. The first claim reads the agent,
+    on a thread, as before."""
+    Todo.objects.create_many([{"queue": "work", "kind": "k"}] * 2)
+    scopes: list[str] = []
+    lend = threads.request_scope
+
+    def counted() -> Any:
+        scopes.append("token")
+        return lend()
+
+    monkeypatch.setattr(http, "request_scope", counted)  # where the token is read
+
+    async def scenario(session: Session) -> list[int]:
+        counts = []
+        for _ in range(2):
+            scopes.clear()
+            status, result = await session.call("claim", ttl=60, queues=["work"])
+            [todo] = result["structuredContent"]["todos"]
+            counts.append(len(scopes))
+            scopes.clear()
+            status, result = await session.call("complete", todo_id=todo["id"])
+            assert status == 200 and not result.get("isError"), result
+            counts.append(len(scopes))
+        return counts
+
+    assert served(scenario, token) == [1, 0, 0, 0]
     assert Todo.objects.filter(state=State.DONE).count() == 2
 
 

@@ -75,23 +75,32 @@ class AgentTokens:
 
     The agent is read at every request, except for a call of a tool whose own statement checks
     the credential (HolderCalls): that one is recognised (agents/service/identity.py), as the
-    HTTP API's fast path does, so that the call is one statement.
+    HTTP API's fast path does, so that the call is one statement; and, when this process read
+    the agent lately, on the event loop, so that the call's one hop to a thread is its verb's.
     """
 
     async def verify_token(self, token: str) -> AgentToken | None:
-        read = service.arecognise if _holder_call.get() else service.aauthenticate
+        holder_call = _holder_call.get()
+        try:
+            # A holder's agent read lately is answered here, without a hop to a thread.
+            agent = service.recognised(token) if holder_call else None
+            if agent is None:
+                agent = await self._read(token, holder_call)
+        except NotAuthenticated:
+            return None
+        return AgentToken(token=token, client_id=agent.name, scopes=[], agent=agent)
+
+    async def _read(self, token: str, holder_call: bool) -> Agent:
+        read = service.arecognise if holder_call else service.aauthenticate
         async with request_scope():
             try:
-                agent = await read(token)
-            except NotAuthenticated:
-                return None
+                return await read(token)
             except DatabaseError as error:
                 if not faults.is_outage(error):
                     raise
                 # The server's fault, not the token's: answered 503 (refused), not 401.
                 logger.warning("Database unavailable to check an MCP token: %s", error)
                 raise DatabaseUnavailable(UNAVAILABLE) from None
-        return AgentToken(token=token, client_id=agent.name, scopes=[], agent=agent)
 
 
 class DatabaseUnavailable(AuthenticationError):

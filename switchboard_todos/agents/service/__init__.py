@@ -55,6 +55,7 @@ from switchboard_todos.agents.service.identity import (
     authenticate,
     check_shape,
     recognise,
+    recognised,
 )
 from switchboard_todos.agents.service.quotas import HELD_RETRY_MAX
 from switchboard_todos.agents.service.reading import (
@@ -130,5 +131,6 @@ __all__ = [
     "heartbeat",
     "list_todos",
     "recognise",
+    "recognised",
     "release",
 ]

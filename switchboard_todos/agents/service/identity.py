@@ -54,12 +54,25 @@ def recognise(token: str | None) -> Agent:
     check_shape(token)
     assert token is not None
     token_hash = tokens.token_hash(token)
-    read = _recognised.get(token_hash)
-    if read is not None and read.until > time.monotonic():
-        return read.agent
-    agent = _authenticated(token_hash)
-    _remember(token_hash, agent)
+    agent = _read_lately(token_hash)
+    if agent is None:
+        agent = _authenticated(token_hash)
+        _remember(token_hash, agent)
     return agent
+
+
+def recognised(token: str | None) -> Agent | None:
+    """What `recognise` answers without the database: the agent this process read within
+    SWITCHBOARD_TODOS_AGENT_CACHE_SECONDS, else None. For a caller on the event loop, which
+    then needs no thread for it (MCP's holder calls)."""
+    check_shape(token)
+    assert token is not None
+    return _read_lately(tokens.token_hash(token))
+
+
+def _read_lately(key: str) -> Agent | None:
+    read = _recognised.get(key)
+    return read.agent if read is not None and read.until > time.monotonic() else None
 
 
 def recognise_named(name: str) -> Agent | None:
@@ -67,9 +80,9 @@ def recognise_named(name: str) -> Agent | None:
     there is none. `forget_named` drops it, so that a signature made with a credential newer
     than the one read is checked against the agent as it is now."""
     key = f"sqs:{name}"
-    read = _recognised.get(key)
-    if read is not None and read.until > time.monotonic():
-        return read.agent
+    agent = _read_lately(key)
+    if agent is not None:
+        return agent
     agent = Agent.objects.filter(name=name, is_active=True).first()
     if agent is not None:
         _remember(key, agent)
