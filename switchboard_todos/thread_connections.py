@@ -17,10 +17,19 @@ users.
 
 from __future__ import annotations
 
+from enum import Enum, auto
+
 from django.db import connections
 
 #: How long one of those threads keeps a pooled connection without work to run on it.
 KEEP_WHILE_IDLE = 0.1
+
+
+class Idle(Enum):
+    """What a thread's wait for work gives it once it waited its time without any (FairThreads'
+    `linger`, ClaimThreads' KEEP_WHILE_IDLE): time to give its connections back."""
+
+    IDLE = auto()
 
 
 def finish_with_connections() -> None:

@@ -195,6 +195,27 @@ class OutputLines:
         self._reader.join(timeout)
 
 
+# The SQS endpoint, live
+
+
+def sqs_client(base: str, agent: Agent) -> Any:
+    """A boto3 SQS client of `agent` for the server at `base`, each call sent once (botocore
+    retries nothing) and read for up to 60 s (longer than a long poll)."""
+    import boto3
+    from botocore.config import Config
+
+    from switchboard_todos.sqs.signing import secret_for
+
+    return boto3.client(
+        "sqs",
+        endpoint_url=f"{base}/sqs/",
+        region_name="us-east-1",
+        aws_access_key_id=agent.name,
+        aws_secret_access_key=secret_for(agent),
+        config=Config(retries={"total_max_attempts": 1}, read_timeout=60),
+    )
+
+
 # The SQS endpoint, in process
 
 

@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-import boto3
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, connections
@@ -36,7 +35,7 @@ from switchboard_todos.sql import queries
 from switchboard_todos.sqs.signing import secret_for
 from tests import test_long_polls_live as live
 from tests.conftest import ROOT
-from tests.helpers import CLAIM_STATEMENTS, db_now, wait_until
+from tests.helpers import CLAIM_STATEMENTS, db_now, sqs_client, wait_until
 from tests.test_long_polls_live import SERVER, http_poll, mcp_polls, sqs_poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -139,13 +138,7 @@ def test_a_killed_sqs_client_receives_nothing(start_server: Callable[..., str], 
     base = start_server(app)
     killed_in_its_long_poll("sqs", base, QUEUE, gone.name, secret_for(gone))
     consumer = Consumer(lambda: sqs_poll(base, other, QUEUE, 20, ready=lambda: None))
-    sender = boto3.client(
-        "sqs",
-        endpoint_url=f"{base}/sqs/",
-        region_name="us-east-1",
-        aws_access_key_id=other.name,
-        aws_secret_access_key=secret_for(other),
-    )
+    sender = sqs_client(base, other)
     sent = sender.send_message(QueueUrl=f"{base}/sqs/{QUEUE}", MessageBody="after the kill")
     assert consumer.received() == [sent["MessageId"]]
     received_promptly(sent["MessageId"], other)

@@ -14,10 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, ExitStack
 from typing import Any
 
-import boto3
 import httpx
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 from django.db import connection, connections
 
@@ -26,9 +24,9 @@ from switchboard_todos.agents import accounts
 from switchboard_todos.claims import long_polls
 from switchboard_todos.mcp.threads import KEPT_THREADS
 from switchboard_todos.models import Agent, Todo
-from switchboard_todos.sqs.signing import secret_for
 from tests.asgi import serve
 from tests.conftest import database_url
+from tests.helpers import sqs_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -127,14 +125,7 @@ def sqs_poll(
     base: str, agent: Agent, queue: str, wait: int, ready: Callable[[], object]
 ) -> Outcome:
     """One SQS ReceiveMessage with WaitTimeSeconds, never retried by botocore."""
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=f"{base}/sqs/",
-        region_name="us-east-1",
-        aws_access_key_id=agent.name,
-        aws_secret_access_key=secret_for(agent),
-        config=Config(retries={"total_max_attempts": 1}, read_timeout=60),
-    )
+    sqs = sqs_client(base, agent)
     ready()
     try:
         answer = sqs.receive_message(QueueUrl=f"{base}/sqs/{queue}", WaitTimeSeconds=wait)

@@ -7,24 +7,20 @@ held by the threads of one surface that 8 agents keep busy.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 
-import boto3
 import httpx
 import pytest
-from botocore.config import Config
 from django.db import connections
 
 from example_project.mcp_agent import call, connect
 from switchboard_todos.agents import accounts
 from switchboard_todos.models import Agent
-from switchboard_todos.sqs.signing import secret_for
-from tests.asgi import serve
+from tests import test_long_polls_live as live
 from tests.conftest import run_in_threads
+from tests.helpers import sqs_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,24 +28,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 AGENTS = 8
 
 
-@pytest.fixture
-def start(subprocess_env: dict[str, str]) -> Iterator[Callable[[int], str]]:
-    """Starts the example project's application (HTTP API, SQS and MCP) under uvicorn, with a
-    pool of `pool` connections; its base URL once it answers."""
-    with ExitStack() as servers:
-        processes: list[subprocess.Popen[str]] = []
-
-        def start(pool: int) -> str:
-            env = {**subprocess_env, "DATABASE_POOL_SIZE": str(pool)}
-            api, process = servers.enter_context(serve(env, app="example_project.asgi:application"))
-            processes.append(process)
-            return api.removesuffix("/api")
-
-        yield start
-        for process in processes:
-            process.terminate()
-            output = process.communicate(timeout=30)[0]
-            assert "Traceback" not in output, output
+#: The example project's application (HTTP API, SQS and MCP) under uvicorn, with the settings
+#: given (`start_server(DATABASE_POOL_SIZE=...)`); its base URL once it answers.
+start_server = live.start_server
 
 
 def api_loop(base: str, agent: Agent, token: str, stop: threading.Event) -> int:
@@ -66,14 +47,7 @@ def api_loop(base: str, agent: Agent, token: str, stop: threading.Event) -> int:
 
 def sqs_loop(base: str, agent: Agent, token: str, stop: threading.Event) -> int:
     """ReceiveMessage without a wait on an empty queue, one after another, until `stop`."""
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=f"{base}/sqs/",
-        region_name="us-east-1",
-        aws_access_key_id=agent.name,
-        aws_secret_access_key=secret_for(agent),
-        config=Config(retries={"total_max_attempts": 1}, read_timeout=60),
-    )
+    sqs = sqs_client(base, agent)
     claims = 0
     while not stop.is_set():
         answer = sqs.receive_message(QueueUrl=f"{base}/sqs/empty", WaitTimeSeconds=0)
@@ -102,7 +76,7 @@ def mcp_loop(base: str, agent: Agent, token: str, stop: threading.Event) -> int:
     ids=["api", "sqs", "mcp"],
 )
 def test_a_surface_s_busy_threads_never_starve_the_pool(
-    start: Callable[[int], str],
+    start_server: Callable[..., str],
     busy: Callable[[str, Agent, str, threading.Event], int],
     pool: int,
 ) -> None:
@@ -113,7 +87,7 @@ def test_a_surface_s_busy_threads_never_starve_the_pool(
     (with 4, this passed without the give-back). A request that Django's handler serves still
     gets a connection at once, given back by the next thread to end a request, not after the
     pool's 30 s timeout (503)."""
-    base = start(pool)
+    base = start_server(DATABASE_POOL_SIZE=str(pool))
     agents = [accounts.create_agent(f"busy-{n}", claim_queues=["empty"]) for n in range(AGENTS)]
     reader = accounts.create_agent("reader", claim_queues=["empty"])[1]
     connections.close_all()

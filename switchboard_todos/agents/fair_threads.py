@@ -24,12 +24,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from contextvars import ContextVar
-from enum import Enum, auto
 from typing import Any, ParamSpec, TypeVar
 
 from switchboard_todos.lanes import Lanes
 from switchboard_todos.thread_connections import (
     KEEP_WHILE_IDLE,
+    Idle,
     finish_with_connections,
     keep_connections,
 )
@@ -44,12 +44,6 @@ R = TypeVar("R")
 tenant: ContextVar[str] = ContextVar("switchboard_todos_tenant", default="")
 
 _Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-
-
-class _Idle(Enum):
-    """What `_next` gives a thread that waited `linger` seconds without work."""
-
-    IDLE = auto()
 
 
 class FairThreads(Executor):
@@ -110,7 +104,7 @@ class FairThreads(Executor):
             thread.start()
             self._started.append(thread)
 
-    def _next(self, linger: float | None) -> _Work | _Idle | None:
+    def _next(self, linger: float | None) -> _Work | Idle | None:
         """The oldest work of the tenant served least recently, who goes to the back of the
         line; IDLE after `linger` seconds (None: no limit) without any; None once shut down
         with nothing waiting."""
@@ -119,13 +113,13 @@ class FairThreads(Executor):
                 if self._shutdown:
                     return None
                 if not self._condition.wait(linger) and not self._waiting:
-                    return _Idle.IDLE
+                    return Idle.IDLE
             return self._waiting.take()
 
     def _serve(self) -> None:
         idle = True
         while (work := self._next(None if idle else self._linger)) is not None:
-            if work is _Idle.IDLE:
+            if work is Idle.IDLE:
                 idle = True
                 _hook(self._when_idle, "when_idle")
                 continue

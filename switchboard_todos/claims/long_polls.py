@@ -49,7 +49,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
-from enum import Enum, auto
 from typing import Any, ParamSpec, TypeVar
 
 from django.db import connections
@@ -58,6 +57,7 @@ from switchboard_todos.claims import listen
 from switchboard_todos.lanes import Lanes
 from switchboard_todos.thread_connections import (
     KEEP_WHILE_IDLE,
+    Idle,
     finish_with_connections,
     keep_connections,
 )
@@ -312,13 +312,6 @@ class LongPoll:
 Job = tuple[concurrent.futures.Future[Any], Callable[[], Any]]
 
 
-class _Idle(Enum):
-    """What `ClaimThreads._take` gives a thread that kept its connection through
-    KEEP_WHILE_IDLE seconds without a claim: time to give it back."""
-
-    IDLE = auto()
-
-
 class ClaimThreads:
     """The threads that run the claims of async long polls, the owners taking turns.
 
@@ -386,7 +379,7 @@ class ClaimThreads:
         try:
             keeping = False
             while (job := self._take(keeping)) is not None:
-                if job is _Idle.IDLE:
+                if job is Idle.IDLE:
                     finish_with_connections()
                     keeping = False
                     continue
@@ -406,7 +399,7 @@ class ClaimThreads:
                     if threading.current_thread() in self._threads:  # ended by an error
                         self._threads.remove(threading.current_thread())
 
-    def _take(self, keeping: bool) -> Job | _Idle | None:
+    def _take(self, keeping: bool) -> Job | Idle | None:
         """The next claim, in the owners' turns; while `keeping` a connection, IDLE after
         KEEP_WHILE_IDLE seconds without one; None when this thread is to end: told to stop,
         or idle for `linger` seconds (it is then no longer counted)."""
@@ -420,7 +413,7 @@ class ClaimThreads:
                 woken = self._condition.wait(KEEP_WHILE_IDLE if keeping else self._linger)
                 self._idle -= 1
                 if keeping and not woken and not self._queued:
-                    return _Idle.IDLE
+                    return Idle.IDLE
             self._waiting_jobs -= 1
             return self._queued.take()
 
